@@ -1,0 +1,37 @@
+"""course_lib: the plumbing of the distributed-training workbook.
+
+Small modules, one job each: ``data`` (MNIST), ``model`` (the seed's MyModel), ``devices``
+(GPUs, backends, doctor), ``scripts`` (write a cell to a file), ``launch`` (torchrun and
+accelerate from a cell), ``metrics`` (JSON lines). What the lessons teach (process groups,
+samplers, DDP, checkpoints) stays in the lessons' scripts.
+
+Names are imported lazily so that ``python3 -m course_lib setup`` works before torch is installed.
+"""
+import importlib
+
+_EXPORTS = {
+    "prepare_mnist": "data", "mnist_tensors": "data", "mnist_datasets": "data", "mnist_is_ready": "data",
+    "DataError": "data", "MIRROR_ENV": "data",
+    "MyModel": "model",
+    "doctor": "devices", "gpu_count": "devices", "cpu_count": "devices", "available_backends": "devices",
+    "default_nproc": "devices", "choose_backend": "devices", "LaunchConfigError": "devices",
+    "write_script": "scripts",
+    "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchError": "launch",
+    "LaunchTimeout": "launch",
+    "log_metrics": "metrics", "read_metrics": "metrics", "plot_metrics": "metrics",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'course_lib' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext course_lib`` registers the ``%%write_script PATH`` cell magic."""
+    from .scripts import load_ipython_extension as load
+
+    load(ipython)

@@ -1,0 +1,112 @@
+"""Command line of the workbook; run from the repository root with any Python 3.10+.
+
+  python3 -m course_lib lab            set up .venv (first time), prepare MNIST, open JupyterLab on notebooks/
+  python3 -m course_lib test [ARGS]    set up .venv (first time), prepare MNIST, run the test suite (pytest ARGS)
+  python3 -m course_lib setup          only set up .venv and prepare MNIST
+  python3 -m course_lib doctor         what this machine offers for distributed training
+  python3 -m course_lib prepare-data   make data/MNIST/raw hold the verified MNIST files
+
+``--no-venv`` (before the command) uses the current Python environment (e.g. an activated conda
+environment made from environment.yml) instead of ``.venv``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".course_lib-installed"
+
+
+def _venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _wanted() -> str:
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def ensure_venv() -> Path:
+    """Create ``.venv`` and install the project into it, unless that was done for this pyproject."""
+    python = _venv_python()
+    if not python.exists():
+        print(f"Creating the virtual environment {VENV} ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    if not STAMP.exists() or STAMP.read_text() != _wanted():
+        print("Installing the workbook's packages into .venv (first time: a few minutes) ...", flush=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test]"], check=True)
+        STAMP.write_text(_wanted())
+    return python
+
+
+def _in_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def main(argv: list[str]) -> int:
+    use_current = "--no-venv" in argv
+    argv = [a for a in argv if a != "--no-venv"]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command in ("lab", "test", "setup") and not use_current and not _in_venv():
+        python = ensure_venv()
+        return subprocess.call([str(python), "-m", "course_lib", command, *rest], cwd=ROOT)
+
+    if command == "prepare-data":
+        from .data import prepare_mnist
+
+        prepare_mnist()
+        return 0
+    if command == "doctor":
+        from .devices import doctor
+
+        doctor()
+        return 0
+    if command in ("setup", "lab", "test"):
+        from .data import prepare_mnist
+
+        prepare_mnist()
+        if command == "lab":
+            return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *rest])
+        if command == "test":
+            code = subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests"), *rest], cwd=ROOT)
+            if code == 5:
+                print("pytest collected no tests: that is a failure, not a pass.", file=sys.stderr)
+                return 1
+            return code
+        return 0
+    handler = _extra_commands().get(command)
+    if handler is None:
+        print(f"Unknown command {command!r}.\n{__doc__}", file=sys.stderr)
+        return 2
+    return handler(rest)
+
+
+def _extra_commands() -> dict:
+    """Commands added by later modules (exercises, grading), looked up only when asked for."""
+    commands = {}
+    try:
+        from .exercises import cli as exercises_cli
+
+        commands["exercises"] = exercises_cli
+    except ImportError:
+        pass
+    try:
+        from .grading import cli as grade_cli
+
+        commands["grade"] = grade_cli
+    except ImportError:
+        pass
+    return commands
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

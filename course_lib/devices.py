@@ -1,0 +1,159 @@
+"""What this machine can run: GPUs, cores, process-group backends, and the choices that follow.
+
+Defined for lesson 00 (``doctor``); the launchers use ``resolve_nproc`` and ``choose_backend``.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class LaunchConfigError(ValueError):
+    """A process count or backend that cannot work here; the message names the fix."""
+
+
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_count() -> int:
+    """Cores this process may use (respects CPU affinity, unlike ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def available_backends() -> list[str]:
+    checks = {"nccl": dist.is_nccl_available, "gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available}
+    return [name for name, check in checks.items() if check()]
+
+
+def default_nproc() -> int:
+    """One process per GPU; 2 CPU processes when there is no GPU (enough to see DDP at work)."""
+    return gpu_count() or 2
+
+
+def validate_nproc(nproc) -> int:
+    """Return ``nproc`` as a positive int, or raise a LaunchConfigError that says what is allowed."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int):
+        if isinstance(nproc, str) and nproc.strip().isdigit():
+            nproc = int(nproc)
+        else:
+            raise LaunchConfigError(
+                f"nproc must be a whole number of processes such as 2, got {nproc!r}. "
+                "Pass nproc=None to use the default (one per GPU, else 2 on CPU)."
+            )
+    if nproc < 1:
+        raise LaunchConfigError(
+            f"nproc must be at least 1, got {nproc}: a process group needs at least one process. "
+            "Pass nproc=None to use the default (one per GPU, else 2 on CPU)."
+        )
+    return nproc
+
+
+def resolve_nproc(nproc=None) -> int:
+    return default_nproc() if nproc is None else validate_nproc(nproc)
+
+
+def choose_backend(nproc_per_node: int | None = None, requested: str | None = None) -> str:
+    """nccl when CUDA is there and every local rank gets its own GPU, else gloo.
+
+    ``requested="nccl"`` with more ranks than GPUs raises with the reason and the fix.
+    """
+    nproc = resolve_nproc(nproc_per_node)
+    gpus = gpu_count()
+    if requested not in (None, "nccl", "gloo", "mpi"):
+        raise LaunchConfigError(f"Unknown backend {requested!r}: use 'nccl' (GPUs) or 'gloo' (CPU or GPU).")
+    if requested == "nccl":
+        if not gpus:
+            raise LaunchConfigError(
+                "backend 'nccl' needs CUDA GPUs and this machine has none. "
+                "Use backend='gloo' (or leave it unset), which runs on CPU."
+            )
+        if nproc > gpus:
+            raise LaunchConfigError(
+                f"backend 'nccl' with {nproc} processes per node needs {nproc} GPUs, this node has {gpus}. "
+                "NCCL drives one GPU per rank (two ranks on one GPU fail with 'Duplicate GPU detected'). "
+                f"Use nproc<={gpus}, or backend='gloo', which lets several CPU processes share the machine."
+            )
+        return "nccl"
+    if requested is not None:
+        return requested
+    return "nccl" if gpus and nproc <= gpus and dist.is_nccl_available() else "gloo"
+
+
+@dataclass
+class Plan:
+    """The backend and process count a default launch gets here, and why."""
+
+    nproc: int
+    backend: str
+    device: str
+    reason: str
+
+
+def default_plan() -> Plan:
+    gpus = gpu_count()
+    if gpus:
+        return Plan(gpus, choose_backend(gpus), "cuda",
+                    f"{gpus} CUDA GPU(s): one process per GPU, NCCL between them")
+    return Plan(2, "gloo", "cpu",
+                "no CUDA GPU: 2 CPU processes talking over gloo (torchrun's `--nproc-per-node auto` "
+                f"would start one per core, {cpu_count()} here)")
+
+
+def environment_report() -> list[tuple[str, str]]:
+    """(item, value) rows describing this machine for distributed training."""
+    from .data import DEFAULT_ROOT, mnist_is_ready
+
+    rows = [
+        ("python", platform.python_version()),
+        ("torch", torch.__version__),
+        ("CUDA (torch built with)", str(torch.version.cuda)),
+        ("CUDA available", str(torch.cuda.is_available())),
+    ]
+    for i in range(gpu_count()):
+        props = torch.cuda.get_device_properties(i)
+        rows.append((f"GPU {i}", f"{props.name}, {props.total_memory / 2**30:.1f} GiB"))
+    plan = default_plan()
+    rows += [
+        ("GPUs", str(gpu_count())),
+        ("CPU cores (usable)", str(cpu_count())),
+        ("process-group backends", ", ".join(available_backends()) or "none"),
+        ("MNIST ready", f"{mnist_is_ready()} ({DEFAULT_ROOT / 'MNIST' / 'raw'})"),
+        ("default processes", str(plan.nproc)),
+        ("default backend", plan.backend),
+        ("why", plan.reason),
+    ]
+    return rows
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def doctor() -> None:
+    """Show what this machine offers for distributed training (HTML in Jupyter, text elsewhere)."""
+    rows = environment_report()
+    width = max(len(k) for k, _ in rows)
+    text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if _in_notebook():
+        from html import escape
+
+        from IPython.display import HTML, display
+
+        body = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
+                       f"{escape(v)}</td></tr>" for k, v in rows)
+        display(HTML(f"<table>{body}</table>"))
+    else:
+        print(text)

@@ -1,0 +1,43 @@
+"""Every lesson notebook (and solution notebook) runs top to bottom in a fresh kernel, in fast settings."""
+import time
+
+import nbformat
+import pytest
+
+from notebook_runner import ROOT, execute_notebook, fast_parameters, has_outputs, parameters_index
+
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+ALL = LESSONS + SOLUTIONS
+
+
+def _id(path):
+    return f"{path.parent.name}/{path.stem}"
+
+
+def test_the_workbook_has_lessons():
+    assert LESSONS, "no notebooks found in notebooks/"
+
+
+@pytest.mark.parametrize("path", ALL + sorted((ROOT / "exercises").glob("*.ipynb")), ids=_id)
+def test_notebook_is_stored_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    assert not has_outputs(nb), f"{path.name} is committed with outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", ALL, ids=_id)
+def test_notebook_has_one_parameters_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: expected exactly one cell tagged 'parameters', found {len(tagged)}"
+    assert parameters_index(nb) is not None
+    for name in fast_parameters(nb):
+        assert f"{name} =" in tagged[0].source, f"{path.name}: fast parameter {name} is not in its parameters cell"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", ALL, ids=_id)
+def test_notebook_runs_top_to_bottom(path):
+    start = time.monotonic()
+    execute_notebook(path)
+    print(f"{_id(path)} executed in {time.monotonic() - start:.1f}s")
