@@ -114,10 +114,11 @@ def torchrun_command(script, nproc=None, nnodes="1", script_args=(), max_restart
     return cmd
 
 
-def _display(cmd: list[str]) -> str:
+def _display(cmd: list[str], shown_env: dict | None = None) -> str:
     """The command as a person would type it: ``torchrun`` rather than the venv's full path."""
     shown = [Path(cmd[0]).name if Path(cmd[0]).parent == Path(sys.executable).parent else cmd[0]] + cmd[1:]
-    return shlex.join(shown)
+    prefix = "".join(f"{k}={shlex.quote(str(v))} " for k, v in (shown_env or {}).items())
+    return prefix + shlex.join(shown)
 
 
 def _check_script(script) -> Path:
@@ -150,18 +151,33 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
     run_dir = Path(run_dir)
     cmd = torchrun_command(script, nproc, nnodes, script_args, max_restarts,
                            log_dir=run_dir / "logs", extra_args=extra_args)
-    return run_command(cmd, run_dir, env=launch_env(nproc, env), timeout=timeout, quiet=quiet, check=check)
+    shown = {"ACCELERATE_USE_CPU": "1"} if _uses_accelerate_without_gpu(script) else {}
+    return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
+                       quiet=quiet, check=check, shown_env=shown)
+
+
+def _uses_accelerate_without_gpu(script: Path) -> bool:
+    """An Accelerate/Trainer script on a machine without GPUs needs ACCELERATE_USE_CPU=1 to join the group.
+
+    Without it, ``Accelerator()`` under torchrun reports one process per rank and each rank
+    trains alone on the whole dataset, silently.
+    """
+    if gpu_count():
+        return False
+    text = script.read_text(errors="replace")
+    return bool(re.search(r"^\s*(from|import)\s+(accelerate|transformers)\b", text, re.M))
 
 
 def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
-                       cpu=None, port=None) -> list[str]:
-    """``accelerate launch`` with the seed's flags; on a machine without GPUs, really multi-process CPU.
+                       log_dir=None, port=None) -> list[str]:
+    """``accelerate launch`` with the seed's flags (or a config file), one process per rank.
 
-    Without GPUs ``--multi_gpu`` still starts N processes through torchrun, and ``--cpu`` makes each
-    ``Accelerator()`` join them over gloo (MULTI_CPU) instead of training alone on all the data.
+    On a machine without GPUs, ``--multi_gpu`` still starts N processes through torchrun; the
+    environment variable ACCELERATE_USE_CPU=1 (set by ``accelerate_launch``) then makes each
+    ``Accelerator()`` join them over gloo (MULTI_CPU). Without it every rank would silently train
+    alone on all the data, and ``--cpu`` instead of ``--multi_gpu`` starts a single process.
     """
     nproc = resolve_nproc(nproc)
-    cpu = (gpu_count() == 0) if cpu is None else cpu
     cmd = [_venv_tool("accelerate"), "launch"]
     if config_file is not None:
         cmd += ["--config_file", str(config_file)]
@@ -171,15 +187,16 @@ def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no",
         cmd += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port or free_port()),
                 "--num_machines", "1", "--num_processes", str(nproc), "--machine_rank", "0",
                 "--dynamo_backend", "no", "--mixed_precision", mixed_precision]
-        if cpu:
-            cmd += ["--cpu"]
+    if log_dir is not None:
+        # torchrun's default line prefix is "[<role><local_rank>]:"; role "rank" gives "[rank0]:".
+        cmd += ["--tee", "3", "--log_dir", str(log_dir), "--role", "rank"]
     cmd += [str(script)] + [str(a) for a in script_args]
     return cmd
 
 
 def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
                       cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True) -> RunResult:
-    """Run ``script`` with ``accelerate launch``; see ``accelerate_command`` for the flags."""
+    """Run ``script`` with ``accelerate launch``; ``cpu`` (default: no GPU here) adds ACCELERATE_USE_CPU=1."""
     script = _check_script(script)
     nproc = resolve_nproc(nproc)
     script_args = list(script_args)
@@ -187,11 +204,12 @@ def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", 
         run_dir = script.parent
     else:
         script_args += ["--run-dir", str(run_dir)]
-    cmd = accelerate_command(script, nproc, script_args, mixed_precision, config_file, cpu)
-    extra = {"ACCELERATE_USE_CPU": "1"} if (gpu_count() == 0 if cpu is None else cpu) else {}
-    extra.update(env or {})
-    return run_command(cmd, Path(run_dir), env=launch_env(nproc, extra), timeout=timeout, quiet=quiet,
-                       check=check)
+    run_dir = Path(run_dir)
+    cmd = accelerate_command(script, nproc, script_args, mixed_precision, config_file, log_dir=run_dir / "logs")
+    use_cpu = gpu_count() == 0 if cpu is None else cpu
+    shown = {"ACCELERATE_USE_CPU": "1"} if use_cpu else {}
+    return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
+                       quiet=quiet, check=check, shown_env=shown)
 
 
 # --- running, streaming, stopping -------------------------------------------------------------
@@ -235,11 +253,16 @@ def _children(p: psutil.Process) -> list[psutil.Process]:
         return []
 
 
-def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=False, check=True) -> RunResult:
-    """Run a launcher command, streaming its output; the shared engine of ``torchrun`` and friends."""
+def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=False, check=True,
+                shown_env=None) -> RunResult:
+    """Run a launcher command, streaming its output; the shared engine of ``torchrun`` and friends.
+
+    ``shown_env``: environment variables the command needs, printed in front of it so that the
+    printed line can be pasted into a shell as it is.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / METRICS_FILE).unlink(missing_ok=True)  # metrics.jsonl belongs to this launch only
-    print(f"$ {_display(cmd)}", flush=True)
+    print(f"$ {_display(cmd, shown_env)}", flush=True)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=env, start_new_session=True, errors="replace")
