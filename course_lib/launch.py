@@ -132,12 +132,13 @@ def _check_script(script) -> Path:
 
 
 def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restarts=0, timeout=None,
-             run_dir=None, backend=None, quiet=False, check=True, extra_args=()) -> RunResult:
+             run_dir=None, backend=None, quiet=False, check=True, extra_args=(), progress=False) -> RunResult:
     """Run ``script`` under torchrun on ``nproc`` processes (default: one per GPU, else 2).
 
     ``run_dir``: where the run's metrics/logs go; given explicitly, it is also passed to the script as
     ``--run-dir``; by default it is the script's folder. ``backend="nccl"`` checks there are enough
-    GPUs first. ``check=False`` returns a failed result instead of raising.
+    GPUs first. ``check=False`` returns a failed result instead of raising. ``progress=True`` shows
+    one compact line per epoch (from the run's metrics) instead of every rank's output.
     """
     script = _check_script(script)
     nproc = resolve_nproc(nproc)
@@ -153,7 +154,7 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
                            log_dir=run_dir / "logs", extra_args=extra_args)
     shown = {"ACCELERATE_USE_CPU": "1"} if _uses_accelerate_without_gpu(script) else {}
     return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
-                       quiet=quiet, check=check, shown_env=shown)
+                       quiet=quiet, check=check, shown_env=shown, progress=progress)
 
 
 def _uses_accelerate_without_gpu(script: Path) -> bool:
@@ -195,7 +196,8 @@ def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no",
 
 
 def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
-                      cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True) -> RunResult:
+                      cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True,
+                      progress=False) -> RunResult:
     """Run ``script`` with ``accelerate launch``; ``cpu`` (default: no GPU here) adds ACCELERATE_USE_CPU=1."""
     script = _check_script(script)
     nproc = resolve_nproc(nproc)
@@ -209,7 +211,7 @@ def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", 
     use_cpu = gpu_count() == 0 if cpu is None else cpu
     shown = {"ACCELERATE_USE_CPU": "1"} if use_cpu else {}
     return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
-                       quiet=quiet, check=check, shown_env=shown)
+                       quiet=quiet, check=check, shown_env=shown, progress=progress)
 
 
 # --- running, streaming, stopping -------------------------------------------------------------
@@ -254,12 +256,17 @@ def _children(p: psutil.Process) -> list[psutil.Process]:
 
 
 def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=False, check=True,
-                shown_env=None) -> RunResult:
+                shown_env=None, progress=False) -> RunResult:
     """Run a launcher command, streaming its output; the shared engine of ``torchrun`` and friends.
 
     ``shown_env``: environment variables the command needs, printed in front of it so that the
-    printed line can be pasted into a shell as it is.
+    printed line can be pasted into a shell as it is. ``progress``: False streams every line;
+    True prints one compact line per epoch instead (``course_lib.progress.EpochProgress``); any
+    object with that class's ``start/line/poll/close`` methods (the launch panel) gets the run live.
     """
+    from .progress import make_watcher
+
+    watcher = make_watcher(progress, run_dir, cmd)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / METRICS_FILE).unlink(missing_ok=True)  # metrics.jsonl belongs to this launch only
     print(f"$ {_display(cmd, shown_env)}", flush=True)
@@ -269,6 +276,8 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
     reader.start()
+    if watcher:
+        watcher.start(proc)
     outputs: dict[int, list[str]] = {}
     launcher: list[str] = []
     stopped = None
@@ -277,6 +286,8 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
             if timeout is not None and time.monotonic() - start > timeout:
                 stopped = "timeout"
                 break
+            if watcher:
+                watcher.poll()  # rate-limits itself
             try:
                 line = lines.get(timeout=0.1)
             except queue.Empty:
@@ -288,7 +299,9 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
                 outputs.setdefault(int(match.group(1)), []).append(match.group(2))
             else:
                 launcher.append(line.rstrip("\n"))
-            if not quiet:
+            if watcher:
+                watcher.line(int(match.group(1)) if match else None, match.group(2) if match else line.rstrip("\n"))
+            elif not quiet:
                 print(line, end="", flush=True)
     except KeyboardInterrupt:
         stopped = "interrupt"
@@ -307,11 +320,15 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
             match = RANK_LINE.match(line.rstrip("\n"))
             (outputs.setdefault(int(match.group(1)), []).append(match.group(2)) if match
              else launcher.append(line.rstrip("\n")))
+            if watcher:
+                watcher.line(int(match.group(1)) if match else None, match.group(2) if match else line.rstrip("\n"))
     result = RunResult(
         command=cmd, returncode=proc.returncode, duration=time.monotonic() - start, run_dir=run_dir,
         outputs={rank: "\n".join(text) for rank, text in sorted(outputs.items())},
         launcher_output="\n".join(launcher), metrics=read_metrics(run_dir),
     )
+    if watcher:
+        watcher.close(result)
     if stopped == "interrupt":
         raise KeyboardInterrupt
     if stopped == "timeout":
