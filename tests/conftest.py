@@ -1,0 +1,31 @@
+"""Shared fixtures: the verified MNIST mirror, and small training scripts for launch tests."""
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from course_lib.data import MIRROR_ENV, MNIST_FILES
+
+SHARED_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist" / "raw"
+
+
+@pytest.fixture
+def mirror() -> Path:
+    """A folder holding the four official MNIST files (from $COURSE_MNIST_MIRROR or ../shared)."""
+    path = Path(os.environ.get(MIRROR_ENV, SHARED_MIRROR))
+    if not all((path / name).is_file() for name in MNIST_FILES):
+        pytest.skip(f"no MNIST mirror at {path}; set {MIRROR_ENV}")
+    return path
+
+
+@pytest.fixture
+def write(tmp_path):
+    """Write a dedented script into tmp_path and return its path."""
+
+    def _write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    return _write

@@ -1,0 +1,66 @@
+"""Backend and process-count choices, with GPU counts faked, and the errors for bad requests."""
+import pytest
+
+from course_lib import devices
+from course_lib.devices import LaunchConfigError, choose_backend, default_nproc, resolve_nproc, validate_nproc
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    def fake(n):
+        monkeypatch.setattr(devices, "gpu_count", lambda: n)
+        monkeypatch.setattr(devices.dist, "is_nccl_available", lambda: True)
+
+    return fake
+
+
+def test_cpu_only_defaults_to_two_gloo_processes(gpus):
+    gpus(0)
+    assert default_nproc() == 2
+    assert choose_backend() == "gloo"
+
+
+def test_one_process_per_gpu_with_nccl(gpus):
+    gpus(4)
+    assert default_nproc() == 4
+    assert choose_backend(4) == "nccl"
+
+
+def test_more_ranks_than_gpus_falls_back_to_gloo(gpus):
+    gpus(2)
+    assert choose_backend(3) == "gloo"
+
+
+def test_nccl_requested_with_more_ranks_than_gpus_explains_the_rule(gpus):
+    gpus(2)
+    with pytest.raises(LaunchConfigError) as err:
+        choose_backend(3, requested="nccl")
+    assert "one GPU per rank" in str(err.value) and "gloo" in str(err.value)
+
+
+def test_nccl_requested_without_gpus_offers_gloo(gpus):
+    gpus(0)
+    with pytest.raises(LaunchConfigError, match="gloo"):
+        choose_backend(2, requested="nccl")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "two", True])
+def test_bad_process_counts_are_refused_with_the_fix(bad):
+    with pytest.raises(LaunchConfigError, match="nproc"):
+        validate_nproc(bad)
+
+
+def test_process_count_as_digit_string_is_accepted():
+    assert validate_nproc("3") == 3
+
+
+def test_none_means_default(gpus):
+    gpus(0)
+    assert resolve_nproc(None) == 2
+
+
+def test_doctor_prints_a_table_with_the_choice(capsys):
+    devices.doctor()
+    out = capsys.readouterr().out
+    for item in ("torch", "GPUs", "CPU cores", "process-group backends", "MNIST ready", "default backend", "why"):
+        assert item in out

@@ -1,0 +1,202 @@
+"""Launching from a cell: command, streaming, metrics, failures, interrupts, timeouts, ports."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import course_lib
+from course_lib import LaunchError, LaunchTimeout, torchrun
+from course_lib.devices import LaunchConfigError
+
+WORKER = """
+import argparse, os, signal, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from course_lib import log_metrics
+
+@record
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--run-dir", default=str(Path(__file__).parent))
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--pid-dir", default="")
+    a = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if a.pid_dir:
+        Path(a.pid_dir, f"{rank}.pid").write_text(str(os.getpid()))
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {rank}/{world} sum={t.item():g}")
+    if rank == a.fail_rank:
+        raise ValueError(f"deliberate failure on rank {rank}")
+    if rank == a.kill_rank:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(a.sleep)
+    log_metrics(a.run_dir, rank, event="epoch", epoch=0, world=world, total=t.item())
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.fixture
+def worker(write):
+    return write("worker.py", WORKER)
+
+
+def _alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_two_process_launch_streams_ranks_and_returns_metrics(worker, capsys):
+    result = torchrun(worker, nproc=2)
+    out = capsys.readouterr().out
+    assert result.ok and result.returncode == 0
+    assert out.splitlines()[0].startswith("$ torchrun --standalone --nproc-per-node 2")
+    assert "[rank0]: rank 0/2 sum=3" in out and "[rank1]: rank 1/2 sum=3" in out
+    assert result.outputs == {0: "rank 0/2 sum=3", 1: "rank 1/2 sum=3"}
+    assert result.metrics == [{"event": "epoch", "epoch": 0, "world": 2, "total": 3.0}]
+    assert result.duration > 0
+
+
+def test_explicit_run_dir_is_passed_to_the_script(worker, tmp_path):
+    result = torchrun(worker, nproc=3, run_dir=tmp_path / "elsewhere", quiet=True)
+    assert result.command[-2:] == ["--run-dir", str(tmp_path / "elsewhere")]
+    assert result.events("epoch")[0]["world"] == 3
+    assert (tmp_path / "elsewhere" / "metrics.jsonl").is_file()
+
+
+def test_printed_command_runs_from_a_shell(worker, capsys, tmp_path):
+    torchrun(worker, nproc=2, quiet=True)
+    printed = capsys.readouterr().out.splitlines()[0].removeprefix("$ ")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(printed, shell=True, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1/2 sum=3" in done.stdout
+
+
+def test_failing_rank_traceback_is_in_the_error(worker):
+    with pytest.raises(LaunchError) as err:
+        torchrun(worker, nproc=2, script_args=["--fail-rank", "1"], quiet=True)
+    message = str(err.value)
+    assert message.startswith("Rank 1 (local rank 1) exited with code 1")
+    assert "Traceback (most recent call last):" in message
+    assert "ValueError: deliberate failure on rank 1" in message
+    assert err.value.result.returncode != 0
+
+
+def test_killed_rank_is_named_with_its_signal(worker):
+    with pytest.raises(LaunchError, match="Rank 0 .* killed by signal SIGKILL"):
+        torchrun(worker, nproc=2, script_args=["--kill-rank", "0"], quiet=True)
+
+
+def test_check_false_returns_the_failed_result(worker):
+    result = torchrun(worker, nproc=2, script_args=["--fail-rank", "0"], quiet=True, check=False)
+    assert not result.ok and "deliberate failure on rank 0" in result.outputs[0]
+
+
+def test_interrupt_ends_every_process_of_the_run(worker, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    seen = set()
+
+    def watch_then_interrupt():
+        deadline = time.monotonic() + 60
+        while len(list(pid_dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for child in psutil.Process().children(recursive=True):
+            seen.add(child.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch_then_interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        torchrun(worker, nproc=2, script_args=["--sleep", "60", "--pid-dir", pid_dir], quiet=True)
+    workers = {int(p.read_text()) for p in pid_dir.glob("*.pid")}
+    assert len(workers) == 2 and workers <= seen
+    time.sleep(0.5)
+    assert _alive(seen) == []
+
+
+def test_timeout_stops_the_run_and_raises(worker):
+    seen, stop = set(), threading.Event()
+
+    def watch():  # every process the run starts, recorded while it lives
+        while not stop.is_set():
+            seen.update(child.pid for child in psutil.Process().children(recursive=True))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(LaunchTimeout, match="timeout=20"):
+            torchrun(worker, nproc=2, script_args=["--sleep", "300"], timeout=20, quiet=True)
+    finally:
+        stop.set()
+        watcher.join()
+    assert time.monotonic() - start < 90
+    assert len(seen) >= 3  # torchrun and its two workers
+    time.sleep(0.5)
+    assert _alive(seen) == []
+
+
+def test_ten_back_to_back_launches_never_collide_on_a_port(worker):
+    for _ in range(10):
+        assert torchrun(worker, nproc=2, quiet=True).ok
+
+
+def test_missing_script_says_which_cell_to_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="%%write_script"):
+        torchrun(tmp_path / "nope.py")
+
+
+def test_bad_process_count_fails_before_launching(worker):
+    with pytest.raises(LaunchConfigError):
+        torchrun(worker, nproc=0)
+
+
+def test_nccl_without_gpus_fails_before_launching(worker):
+    if course_lib.gpu_count():
+        pytest.skip("this machine has GPUs")
+    with pytest.raises(LaunchConfigError, match="gloo"):
+        torchrun(worker, nproc=2, backend="nccl")
+
+
+ACCELERATE_SCRIPT = """
+from accelerate import Accelerator
+a = Accelerator()
+print(f"{a.distributed_type.value} {a.num_processes} {a.process_index}")
+"""
+
+
+def test_accelerate_scripts_really_run_distributed_without_gpus(write, capsys):
+    script = write("acc.py", ACCELERATE_SCRIPT)
+    result = course_lib.accelerate_launch(script, nproc=2)
+    expected = "MULTI_GPU" if course_lib.gpu_count() >= 2 else "MULTI_CPU"
+    assert sorted(result.outputs.values()) == [f"{expected} 2 0", f"{expected} 2 1"]
+    if not course_lib.gpu_count():
+        assert capsys.readouterr().out.startswith("$ ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu")
+
+
+def test_torchrun_of_an_accelerate_script_joins_the_group_too(write):
+    script = write("acc.py", ACCELERATE_SCRIPT)
+    result = torchrun(script, nproc=2, quiet=True)
+    assert all(text.split()[1] == "2" for text in result.outputs.values())

@@ -1,0 +1,46 @@
+"""Writing a script from a cell: the file, its folders, atomicity, and the cell magic."""
+import subprocess
+import sys
+
+import pytest
+
+from course_lib.scripts import write_script, write_script_magic
+
+
+def test_writes_file_and_creates_folders(tmp_path, capsys):
+    path = write_script(tmp_path / "runs" / "lesson" / "hello.py", "print('hi')")
+    assert path.read_text() == "print('hi')\n"
+    out = capsys.readouterr().out
+    assert str(path) in out and "torchrun" in out
+
+
+def test_written_script_runs_without_notebook_state(tmp_path):
+    path = write_script(tmp_path / "s.py", "import course_lib\nprint(course_lib.MyModel.__name__)", quiet=True)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "MyModel"
+
+
+def test_rewrite_replaces_whole_file_and_leaves_no_temp_files(tmp_path):
+    target = tmp_path / "s.py"
+    write_script(target, "x = 1\n" * 100, quiet=True)
+    write_script(target, "y = 2", quiet=True)
+    assert target.read_text() == "y = 2\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["s.py"]
+
+
+def test_magic_needs_a_path():
+    with pytest.raises(ValueError, match="Usage"):
+        write_script_magic("   ", "print(1)")
+
+
+def test_magic_writes_the_cell(tmp_path):
+    write_script_magic(f" {tmp_path / 'm.py'} ", "print(2)")
+    assert (tmp_path / "m.py").read_text() == "print(2)\n"
+
+
+def test_load_ext_registers_the_cell_magic():
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "course_lib")
+    assert "write_script" in ip.magics_manager.magics["cell"]
