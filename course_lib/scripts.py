@@ -26,7 +26,7 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False) -> Pat
     if not quiet:
         lines = text.count("\n")
         print(f"Wrote {path} ({lines} lines). Run it from a shell in {Path.cwd()} with:\n"
-              f"  torchrun --nproc-per-node 2 {path}")
+              f"  torchrun --standalone --nproc-per-node 2 {path}")
     return path
 
 
