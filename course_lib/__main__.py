@@ -50,6 +50,16 @@ def _in_venv() -> bool:
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except Exception as exc:
+        if type(exc).__name__ not in ("DataError", "LaunchConfigError"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)  # these messages already say what to do
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     use_current = "--no-venv" in argv
     argv = [a for a in argv if a != "--no-venv"]
     if not argv or argv[0] in ("-h", "--help"):

@@ -34,3 +34,13 @@ def test_nccl_all_reduce_on_every_gpu(write):
     for rank, text in result.outputs.items():
         backend, device, total = text.split()
         assert backend == "nccl" and int(device) == rank and float(total) == expected_sum
+
+
+def test_setup_lesson_launches_one_rank_per_gpu():
+    from notebook_runner import ROOT, execute_notebook
+
+    nb = execute_notebook(ROOT / "notebooks" / "00_setup.ipynb")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    n = course_lib.gpu_count()
+    assert f"{n} ranks, each saw WORLD_SIZE={n}" in text
+    assert "backend=nccl device=cuda:" in text
