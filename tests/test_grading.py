@@ -1,0 +1,114 @@
+"""The grader: solutions get 100%, untouched exercises 0%, each task is graded on its own, and no
+submission (hanging, deleting files, printing megabytes, editing its checks) disturbs the others."""
+import csv
+import os
+import subprocess
+import sys
+import time
+
+import nbformat
+import psutil
+import pytest
+
+from course_lib.grading import FAILED, NOT_ATTEMPTED, PASSED, grade
+from notebook_runner import ROOT
+
+TASKS = {
+    "t1": ("def one():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "assert one() == 1, 'one() should return 1'"),
+    "t2": ("def two():\n    ### BEGIN SOLUTION\n    return 2\n    ### END SOLUTION", "assert two() == 2, 'two() should return 2'"),
+}
+NOT_DONE = "    raise NotImplementedError('write it')"
+
+
+def submission(path, t1=None, t2=None, check_t1=None):
+    """A tiny exercise notebook with tasks t1 and t2; ``t1``/``t2`` replace the body of the task's function."""
+    cells = [nbformat.v4.new_markdown_cell("# A tiny exercise"),
+             nbformat.v4.new_code_cell("ANSWER = 0", metadata={"tags": ["parameters"]})]
+    for task, body in (("t1", t1), ("t2", t2)):
+        task_source, check_source = TASKS[task]
+        header = task_source.splitlines()[0]
+        cells.append(nbformat.v4.new_code_cell(f"{header}\n{body or NOT_DONE}"))
+        cells.append(nbformat.v4.new_code_cell(check_t1 if task == "t1" and check_t1 else check_source,
+                                               metadata={"course": {"task": task}}))
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def statuses(result):
+    return {t.task: t.status for t in result.tasks}
+
+
+def test_untouched_exercise_grades_zero_as_not_attempted(tmp_path):
+    result = grade(submission(tmp_path / "ex.ipynb"), source_dir=None, cell_timeout=60)
+    assert statuses(result) == {"t1": NOT_ATTEMPTED, "t2": NOT_ATTEMPTED}
+    assert result.score == 0
+
+
+def test_one_task_done_grades_exactly_that_task(tmp_path):
+    result = grade(submission(tmp_path / "ex.ipynb", t2="    return 2"), source_dir=None, cell_timeout=60)
+    assert statuses(result) == {"t1": NOT_ATTEMPTED, "t2": PASSED}
+    assert result.score == 0.5
+
+
+def test_a_wrong_answer_fails_with_the_checks_message(tmp_path):
+    result = grade(submission(tmp_path / "ex.ipynb", t1="    return 7", t2="    return 2"), source_dir=None, cell_timeout=60)
+    assert statuses(result) == {"t1": FAILED, "t2": PASSED}
+    assert "one() should return 1" in result.tasks[0].message
+
+
+def test_edited_check_cells_are_restored_from_the_released_exercise(tmp_path):
+    released = submission(tmp_path / "released" / "ex.ipynb")
+    cheat = submission(tmp_path / "student" / "ex.ipynb", t1="    return 7", check_t1="pass  # trust me")
+    result = grade(cheat, source_dir=released.parent, cell_timeout=60)
+    assert statuses(result)["t1"] == FAILED
+
+
+def test_a_hanging_task_times_out_and_the_other_task_and_submission_are_graded(tmp_path):
+    hanging = submission(tmp_path / "a" / "ex.ipynb", t1="    pass\nwhile True:\n    pass", t2="    return 2")
+    fine = submission(tmp_path / "b" / "ex.ipynb", t1="    return 1", t2="    return 2")
+    out = tmp_path / "grades.csv"
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "course_lib", "grade", str(hanging), str(fine), "--out", str(out),
+                           "--cell-timeout", "5", "--source", str(tmp_path / "none")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = list(csv.DictReader(out.open()))
+    got = {(r["submission"].split(os.sep)[-2], r["task"]): (r["status"], r["message"]) for r in rows}
+    assert got[("a", "t1")][0] == FAILED and "timed out" in got[("a", "t1")][1]
+    assert got[("a", "t2")][0] == PASSED
+    assert got[("b", "t1")][0] == PASSED and got[("b", "t2")][0] == PASSED
+    assert "1/2 (50%)" in done.stdout and "2/2 (100%)" in done.stdout
+    assert time.monotonic() - start < 200
+
+
+def test_a_notebook_past_its_total_time_is_stopped_even_ignoring_interrupts_and_leaves_no_process(tmp_path):
+    stubborn = "    pass\nimport signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+    start = time.monotonic()
+    result = grade(submission(tmp_path / "ex.ipynb", t1=stubborn, t2="    return 2"), source_dir=None,
+                   cell_timeout=120, timeout=15, quiet=True)
+    assert time.monotonic() - start < 60
+    assert statuses(result) == {"t1": FAILED, "t2": FAILED}
+    assert "was stopped" in result.note
+    assert not psutil.Process().children(recursive=True), "the grader left processes behind"
+
+
+def test_deleting_files_or_printing_megabytes_harms_no_other_submission(tmp_path):
+    vandal = submission(tmp_path / "subs" / "vandal.ipynb",
+                        t1="    return 1\nimport os, shutil\nshutil.rmtree(os.getcwd())", t2="    return 2")
+    chatty = submission(tmp_path / "subs" / "chatty.ipynb",
+                        t1="    return 1\nfor _ in range(30):\n    print('x' * 100_000)", t2="    return 2")
+    results = [grade(p, source_dir=None, cell_timeout=60, quiet=True) for p in (vandal, chatty)]
+    assert vandal.exists() and chatty.exists(), "grading removed a submitted file"
+    assert [r.score for r in results] == [1.0, 1.0]
+    assert all(len(t.message) < 2000 for r in results for t in r.tasks)
+
+
+@pytest.mark.notebook
+def test_a_solution_notebook_grades_100_percent():
+    path = ROOT / "solutions" / "00_setup_exercises.ipynb"
+    result = grade(path, cell_timeout=300)
+    assert result.tasks and all(t.status == PASSED for t in result.tasks), [(t.task, t.status, t.message) for t in result.tasks]
+    print(f"graded {path.name} in {result.seconds:.1f}s")
