@@ -87,8 +87,11 @@ def _call(task: str, fn, *args, **kwargs):
 
 
 def _launch(task: str, script, nproc: int = 2, script_args=(), timeout: float = LAUNCH_TIMEOUT,
-            max_restarts: int = 0, env: dict | None = None):
-    """Run ``script`` with torchrun; a missing script, a hang or a failing rank becomes a clear CheckFailed."""
+            max_restarts: int = 0, env: dict | None = None, allow_failure: bool = False):
+    """Run ``script`` with torchrun; a missing script, a hang or a failing rank becomes a clear CheckFailed.
+
+    ``allow_failure``: a failing run is returned (unless it failed on the exercise's NotImplementedError).
+    """
     from .launch import LaunchTimeout, failure_message, torchrun
 
     script = Path(script)
@@ -108,6 +111,8 @@ def _launch(task: str, script, nproc: int = 2, script_args=(), timeout: float = 
         everything = result.launcher_output + "\n" + "\n".join(rank_outputs(result).values())
         if "NotImplementedError" in everything:
             raise not_attempted(task, f"the script {script}")
+        if allow_failure:
+            return result
         details = failure_message(result)
         if len(details) > 4000:
             details = "...\n" + details[-4000:]
@@ -723,27 +728,34 @@ def check_snapshots(save_snapshot, load_snapshot) -> None:
 
 def check_elastic_resume(script, nproc: int = 2, epochs: int = 3, fail_at_epoch: int = 1,
                          train_samples: int = 4000) -> None:
-    """Task 04.2: after a worker crash, torchrun restarts the job and it resumes from its snapshot."""
-    report = Report("04.2", f"a crash at epoch {fail_at_epoch}, a restart, and the resume")
+    """Task 04.2: a job that crashed at ``fail_at_epoch`` resumes from its snapshot when started again."""
+    report = Report("04.2", f"a crash at epoch {fail_at_epoch}, then the job started again")
     script = Path(script)
-    (script.parent / "snapshot.pt").unlink(missing_ok=True)  # a fresh job: no snapshot from an earlier run
-    result = _launch("04.2", script, nproc=nproc, max_restarts=3, script_args=[
-        "--epochs", str(epochs), "--fail-at-epoch", str(fail_at_epoch), "--train-samples", str(train_samples)])
-    starts = [(int(a), int(e)) for a, e in re.findall(r"attempt (\d+): starting at epoch (\d+)",
-                                                       rank_outputs(result).get(0, ""))]
-    restarted = [s for s in starts if s[0] > 0]
-    report.expect(bool(restarted), f"the simulated crash happened and torchrun restarted the workers ({len(starts)} attempts)",
-                  "rank 0 reported no restarted attempt (keep the script's `attempt ...` line and crash simulation)")
-    if restarted:
-        report.expect(all(e >= fail_at_epoch for _, e in restarted),
-                      f"the restarted attempt resumed at epoch {restarted[-1][1]}",
-                      f"the restarted attempt started at epoch {restarted[-1][1]}: the work before the crash was redone",
-                      "At start, load the snapshot if there is one and continue from the epoch after it.")
-    logged = [m.get("epoch") for m in result.events("epoch")]
-    report.expect(logged.count(0) == 1 and logged and logged[-1] == epochs - 1,
-                  f"epochs logged: {logged} (epoch 0 trained once)",
-                  f"epochs logged: {logged}, expected each of 0..{epochs - 1} with epoch 0 once")
     snapshot = script.parent / "snapshot.pt"
+    snapshot.unlink(missing_ok=True)  # a fresh job: no snapshot from an earlier run
+    args = ["--epochs", str(epochs), "--train-samples", str(train_samples)]
+    print("First attempt, with a crash:")
+    crashed = _launch("04.2", script, nproc=nproc, script_args=args + ["--fail-at-epoch", str(fail_at_epoch)],
+                      allow_failure=True)
+    if crashed.ok or "simulated crash" not in "\n".join(rank_outputs(crashed).values()):
+        report.stop("the first attempt did not end with the simulated crash",
+                    "Keep the script's crash simulation (--fail-at-epoch) as given.")
+    report.ok(f"the first attempt crashed at epoch {fail_at_epoch} as planned")
+    print("Second attempt, the same job started again:")
+    resumed = _launch("04.2", script, nproc=nproc, script_args=args)
+    starts = [int(e) for e in re.findall(r"attempt \d+: starting at epoch (\d+)", rank_outputs(resumed).get(0, ""))]
+    start = starts[-1] if starts else None
+    if start == fail_at_epoch:
+        report.ok(f"the second attempt resumed at epoch {start}: epoch {fail_at_epoch - 1} was not trained again")
+    elif start == 0:
+        report.fail("the second attempt started at epoch 0: the work before the crash was redone",
+                    "At start, load the snapshot if there is one and continue from the epoch after it.")
+    else:
+        report.fail(f"the second attempt started at epoch {start}, expected {fail_at_epoch}",
+                    "The snapshot of the last finished epoch E says to continue at E + 1.")
+    logged = [m.get("epoch") for m in resumed.events("epoch")]
+    report.expect(logged == list(range(fail_at_epoch, epochs)), f"the second attempt trained epochs {logged}",
+                  f"the second attempt logged epochs {logged}, expected {list(range(fail_at_epoch, epochs))}")
     try:
         final = torch.load(snapshot, map_location="cpu", weights_only=True)
         report.expect(final.get("epoch") == epochs - 1 and not any(k.startswith("module.") for k in final["model"]),
@@ -771,9 +783,12 @@ def check_accelerate_training(script, nproc: int = 2, train_samples: int = 20000
                   f"Accelerate saw {nproc} processes ({last.get('distributed_type')})",
                   f"Accelerate saw {last.get('num_processes')} process(es), expected {nproc}: each rank trained alone",
                   "Create one Accelerator and let it prepare the model, optimizer, data loader and scheduler.")
-    seen = last.get("train_samples")
-    report.expect(seen == train_samples, f"the processes together trained on {seen} samples: each once",
-                  f"the processes together trained on {seen} samples, expected {train_samples}",
+    seen = last.get("train_samples") or 0
+    # A prepared loader evens out the last batches by repeating a few samples (at most a batch per process).
+    report.expect(train_samples <= seen <= train_samples + nproc * 256,
+                  f"the processes together trained on {seen} samples: each of the {train_samples} once "
+                  f"(plus {seen - train_samples} repeated to even out the last batches)",
+                  f"the processes together trained on {seen} samples, expected about {train_samples}",
                   "A data loader passed through accelerator.prepare gives every process its own shard.")
     outputs = rank_outputs(result)
     sums = {r: re.findall(r"parameter checksum ([-\d.e+]+)", outputs.get(r, "")) for r in range(nproc)}

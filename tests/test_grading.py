@@ -84,14 +84,23 @@ def test_a_hanging_task_times_out_and_the_other_task_and_submission_are_graded(t
     assert time.monotonic() - start < 200
 
 
-def test_a_notebook_past_its_total_time_is_stopped_even_ignoring_interrupts_and_leaves_no_process(tmp_path):
-    stubborn = "    pass\nimport signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+def test_a_notebook_past_its_total_time_is_stopped_with_everything_it_launched(tmp_path, monkeypatch):
+    pid_file = tmp_path / "launched.pid"
+    monkeypatch.setenv("LAUNCHED_PID_FILE", str(pid_file))  # the submission reports the pid of what it starts
+    stubborn = ("    pass\nimport os, signal, subprocess\n"
+                "child = subprocess.Popen(['sleep', '600'], start_new_session=True)  # like torchrun's workers\n"
+                "open(os.environ['LAUNCHED_PID_FILE'], 'w').write(str(child.pid))\n"
+                "signal.signal(signal.SIGINT, signal.SIG_IGN)  # deaf to the per-cell interrupt\n"
+                "while True:\n    pass")
     start = time.monotonic()
     result = grade(submission(tmp_path / "ex.ipynb", t1=stubborn, t2="    return 2"), source_dir=None,
                    cell_timeout=120, timeout=15, quiet=True)
     assert time.monotonic() - start < 60
     assert statuses(result) == {"t1": FAILED, "t2": FAILED}
     assert "was stopped" in result.note
+    launched = int(pid_file.read_text())
+    assert not psutil.pid_exists(launched) or psutil.Process(launched).status() == psutil.STATUS_ZOMBIE, \
+        "a process the submission started is still running"
     assert not psutil.Process().children(recursive=True), "the grader left processes behind"
 
 
