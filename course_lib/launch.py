@@ -152,18 +152,19 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
     run_dir = Path(run_dir)
     cmd = torchrun_command(script, nproc, nnodes, script_args, max_restarts,
                            log_dir=run_dir / "logs", extra_args=extra_args)
-    shown = {"ACCELERATE_USE_CPU": "1"} if _uses_accelerate_without_gpu(script) else {}
+    shown = {"ACCELERATE_USE_CPU": "1"} if _accelerate_needs_cpu(script, nproc) else {}
     return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
                        quiet=quiet, check=check, shown_env=shown, progress=progress)
 
 
-def _uses_accelerate_without_gpu(script: Path) -> bool:
-    """An Accelerate/Trainer script on a machine without GPUs needs ACCELERATE_USE_CPU=1 to join the group.
+def _accelerate_needs_cpu(script: Path, nproc: int) -> bool:
+    """An Accelerate/Trainer script needs ACCELERATE_USE_CPU=1 when not every rank has a GPU.
 
-    Without it, ``Accelerator()`` under torchrun reports one process per rank and each rank
-    trains alone on the whole dataset, silently.
+    Without GPUs, ``Accelerator()`` under torchrun reports one process per rank and each rank
+    trains alone on the whole dataset, silently; with fewer GPUs than ranks, a rank would pick a
+    ``cuda:N`` that does not exist.
     """
-    if gpu_count():
+    if gpu_count() >= nproc:
         return False
     text = script.read_text(errors="replace")
     return bool(re.search(r"^\s*(from|import)\s+(accelerate|transformers)\b", text, re.M))
@@ -198,7 +199,7 @@ def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no",
 def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
                       cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True,
                       progress=False) -> RunResult:
-    """Run ``script`` with ``accelerate launch``; ``cpu`` (default: no GPU here) adds ACCELERATE_USE_CPU=1."""
+    """Run ``script`` with ``accelerate launch``; ``cpu`` (default: fewer GPUs than processes) adds ACCELERATE_USE_CPU=1."""
     script = _check_script(script)
     nproc = resolve_nproc(nproc)
     script_args = list(script_args)
@@ -208,7 +209,7 @@ def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", 
         script_args += ["--run-dir", str(run_dir)]
     run_dir = Path(run_dir)
     cmd = accelerate_command(script, nproc, script_args, mixed_precision, config_file, log_dir=run_dir / "logs")
-    use_cpu = gpu_count() == 0 if cpu is None else cpu
+    use_cpu = gpu_count() < nproc if cpu is None else cpu
     shown = {"ACCELERATE_USE_CPU": "1"} if use_cpu else {}
     return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
                        quiet=quiet, check=check, shown_env=shown, progress=progress)

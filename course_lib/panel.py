@@ -352,7 +352,7 @@ def _cpu_accelerate(cmd) -> bool:
     if Path(cmd[0]).name == "accelerate":
         return True
     scripts = [a for a in cmd if str(a).endswith(".py")]
-    return bool(scripts) and launch._uses_accelerate_without_gpu(Path(scripts[0]))
+    return bool(scripts) and launch._accelerate_needs_cpu(Path(scripts[0]), 1)
 
 
 def _html(text: str) -> str:

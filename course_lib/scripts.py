@@ -25,9 +25,17 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False) -> Pat
         raise
     if not quiet:
         lines = text.count("\n")
-        print(f"Wrote {path} ({lines} lines). Run it from a shell in {Path.cwd()} with:\n"
-              f"  torchrun --standalone --nproc-per-node 2 {path}")
+        print(f"Wrote {path} ({lines} lines). Run it from a shell in {Path.cwd()} with:\n  {launch_hint(path, text)}")
     return path
+
+
+def launch_hint(path: Path, text: str) -> str:
+    """The command the script's docstring gives (its author knows best), else a plain torchrun line."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(("torchrun ", "accelerate launch", "ACCELERATE_USE_CPU=", "python ")):
+            return stripped
+    return f"torchrun --standalone --nproc-per-node 2 {path}"
 
 
 def write_script_magic(line: str, cell: str) -> None:
