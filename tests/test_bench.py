@@ -1,0 +1,83 @@
+"""The benchmark: one fast run from a shell writes a JSON with every promised figure (no timing asserted)."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from notebook_runner import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory):
+    """``python benchmarks/bench.py --fast`` as a learner would type it, with few steps to keep it short."""
+    out = tmp_path_factory.mktemp("bench")
+    command = [sys.executable, "benchmarks/bench.py", "--fast", "--steps", "10", "--repeats", "1", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, f"bench.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return out, json.loads((out / "bench.json").read_text()), done.stdout
+
+
+def test_bench_writes_every_figure_as_a_positive_number(fast_run):
+    _, result, _ = fast_run
+    figures = bench.required_figures(result)
+    assert len(figures) >= 40
+    bad = {name: value for name, value in figures.items()
+           if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0}
+    assert not bad, f"figures that are not finite non-negative numbers: {bad}"
+
+
+def test_bench_compares_one_and_two_processes_for_both_models(fast_run):
+    _, result, _ = fast_run
+    for model in ("mymodel", "resnet18"):
+        scaling = result["scaling"][model]
+        assert set(scaling["per_nproc"]) >= {"1", "2"}
+        assert scaling["efficiency"]["1"] == pytest.approx(1.0)
+        assert 0 <= scaling["comm_share_no_sync"] < 1 and scaling["comm_share_hook"] >= 0
+        assert scaling["per_nproc"]["2"]["backend"] == ("nccl" if result["machine"]["gpus"] else "gloo")
+    assert result["scaling"]["resnet18"]["grad_MB"] > 100 * result["scaling"]["mymodel"]["grad_MB"]
+
+
+def test_bench_marks_fast_epochs_as_extrapolated(fast_run):
+    _, result, _ = fast_run
+    assert result["settings"]["fast"] is True
+    assert all(v["extrapolated"] for v in result["pipeline"]["variants"].values())
+    assert all(v["extrapolated"] for v in result["abstraction"]["levels"].values())
+    assert result["abstraction"]["ratio_to_ddp"]["ddp"] == pytest.approx(1.0)
+
+
+def test_bench_reports_each_target_with_its_measurement(fast_run):
+    _, result, stdout = fast_run
+    assert set(result["targets"]) == set(bench.TARGETS)
+    for name, row in result["targets"].items():
+        assert row["target"] == bench.TARGETS[name][0]
+        assert isinstance(row["measured"], float) and isinstance(row["met"], bool)
+        assert name in stdout
+
+
+def test_bench_draws_its_plot(fast_run):
+    out, _, _ = fast_run
+    assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_bench_runs_the_abstraction_levels_as_shell_commands(fast_run):
+    _, result, stdout = fast_run
+    assert "level_accelerate.py" in stdout and "level_trainer.py" in stdout
+    assert "ACCELERATE_USE_CPU=1 torchrun" in stdout or result["machine"]["gpus"]
+    assert result["launch"]["command"].split()[0].endswith("torchrun")
+
+
+def test_bench_rejects_an_unknown_section():
+    done = subprocess.run([sys.executable, "benchmarks/bench.py", "--sections", "pipeline,speed"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unknown section(s) ['speed']" in done.stderr
+
+
+def test_bench_writes_into_the_ignored_notebook_runs_folder_by_default():
+    assert bench.DEFAULT_OUT == ROOT / "notebooks" / "runs" / "07_performance"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(bench.DEFAULT_OUT / "bench.json")], cwd=ROOT)
+    assert ignored.returncode == 0, "bench.py's default output folder must be git-ignored"
