@@ -255,6 +255,8 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
         if released is not None and released.is_file():
             tasks = [task_of(c) for c in nbformat.read(released, as_version=4).cells if task_of(c)]
             result.tasks = [TaskResult(t, FAILED, result.note) for t in tasks]
+        if not quiet:
+            print(f"{submission}: {result.note}", flush=True)
         return result
     # The submission runs in base/submission/; what the grader keeps lies beside it, out of its reach.
     base = Path(tempfile.mkdtemp(prefix="course-grade-"))
