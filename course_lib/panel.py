@@ -202,6 +202,7 @@ class LaunchPanel:
         if self.running:
             raise RuntimeError("A run is already going: press Stop (or call .stop()) first.")
         args = self.arguments()
+        self._nproc = self.nproc.value  # the settings of this run, whatever the widgets say later
         self.result = self.error = self._proc = self._stopped = None
         self._text = queue.Queue()
         self._reset_views()
@@ -215,7 +216,7 @@ class LaunchPanel:
         self._thread.start()
 
     def _launch(self, args: list[str]) -> None:
-        kwargs = dict(nproc=self.nproc.value, script_args=args, timeout=self.timeout, check=False,
+        kwargs = dict(nproc=self._nproc, script_args=args, timeout=self.timeout, check=False,
                       progress=self, run_dir=self.run_dir)
         try:
             if self.launcher.value == "accelerate":
@@ -285,7 +286,8 @@ class LaunchPanel:
 
     def start(self, proc) -> None:
         self._proc = proc
-        shown = launch._display(proc.args, {"ACCELERATE_USE_CPU": "1"} if _cpu_accelerate(proc.args) else {})
+        shown = launch._display(proc.args, {"ACCELERATE_USE_CPU": "1"} if _cpu_accelerate(proc.args, self._nproc)
+                                            else {})
         # The launch itself prints the same line into the cell (or terminal); here it stays visible on top.
         self.command.value = f"<code>$ {_html(shown)}</code>"
         self.status.value = "<b>running</b>"
@@ -346,13 +348,12 @@ class LaunchPanel:
                 self.plot.value = plot_png(records, title=str(self._script_path()))
 
 
-def _cpu_accelerate(cmd) -> bool:
-    if gpu_count():
-        return False
+def _cpu_accelerate(cmd, nproc: int) -> bool:
+    """Whether the launch added ACCELERATE_USE_CPU=1 (the same rule as ``torchrun``/``accelerate_launch``)."""
     if Path(cmd[0]).name == "accelerate":
-        return True
+        return gpu_count() < nproc
     scripts = [a for a in cmd if str(a).endswith(".py")]
-    return bool(scripts) and launch._accelerate_needs_cpu(Path(scripts[0]), 1)
+    return bool(scripts) and launch._accelerate_needs_cpu(Path(scripts[0]), nproc)
 
 
 def _html(text: str) -> str:
