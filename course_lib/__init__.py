@@ -27,6 +27,12 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    if not name.startswith("_"):  # a submodule: course_lib.data.DEFAULT_ROOT works without importing it first
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module 'course_lib' has no attribute {name!r}")
 
 
