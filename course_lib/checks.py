@@ -80,7 +80,8 @@ def _call(task: str, fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
-        raise not_attempted(task, f"`{getattr(fn, '__name__', fn)}`") from None
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__  # a function, a method or a model
+        raise not_attempted(task, f"`{name}`") from None
 
 
 # --- launching the learner's scripts -------------------------------------------------------------
@@ -598,8 +599,14 @@ def check_load_model(load_model) -> None:
 def check_rank0_evaluation(script, nproc: int = 2, epochs: int = 2, train_samples: int = 6000) -> None:
     """Task 03.3: rank 0 evaluates every epoch without calling DDP's forward alone; nothing hangs."""
     report = Report("03.3", f"{epochs} epochs on {nproc} processes with rank-0 evaluation")
-    result = _launch("03.3", script, nproc=nproc, timeout=150,
-                     script_args=["--epochs", str(epochs), "--train-samples", str(train_samples)])
+    try:
+        result = _launch("03.3", script, nproc=nproc, timeout=150,
+                         script_args=["--epochs", str(epochs), "--train-samples", str(train_samples)])
+    except NotAttempted:
+        raise
+    except CheckFailed as exc:  # the seed's bug ends in a crash or a hang; say why
+        raise CheckFailed(f"{exc}\nHint: DDP's forward is itself a collective (it broadcasts BatchNorm buffers "
+                          "from rank 0); rank 0 alone must not call it.") from None
     report.ok(f"the run finished on {nproc} processes in {result.duration:.0f}s (no hang, no crash)")
     epochs_logged = [m.get("epoch") for m in result.events("epoch")]
     report.expect(epochs_logged == list(range(epochs)), f"rank 0 evaluated after every epoch: {epochs_logged}",
