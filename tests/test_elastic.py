@@ -1,0 +1,186 @@
+"""Lesson 04's promises: restarts resume from the snapshot, failures end the job with the rank's traceback,
+snapshots are atomic, several agents form one world, Stop leaves nothing behind, the Slurm script builds the
+right torchrun command.
+
+The training script is taken from the notebook's ``%%write_script`` cell, so the tests run the code the lesson
+shows. Small settings (``--train-subset``) keep each launch to a few seconds of training.
+"""
+import _thread
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+import torch
+
+import course_lib
+from course_lib import LaunchError, MyModel
+from course_lib.multinode import torchrun_nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "04_torchrun_elastic.ipynb"
+SBATCH = ROOT / "slurm" / "train.sbatch"
+SMALL = ["--epochs", "2", "--train-subset", "2000"]
+LAUNCH_TIMEOUT = 240  # seconds; generous because other jobs may share the cores
+# Restarted gloo workers otherwise sometimes dial the previous attempt's address (see the notebook, part 2).
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def script_from_notebook(name: str) -> str:
+    """The text the notebook's ``%%write_script runs/04_torchrun_elastic/<name>`` cell writes."""
+    header = f"%%write_script runs/04_torchrun_elastic/{name}"
+    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.startswith(header):
+            return cell.source[len(header):].lstrip("\n")
+    raise AssertionError(f"{NOTEBOOK.name} has no cell starting with {header!r}")
+
+
+@pytest.fixture(scope="module")
+def train_script(tmp_path_factory):
+    course_lib.prepare_mnist(verbose=False)
+    path = tmp_path_factory.mktemp("lesson04") / "train.py"
+    path.write_text(script_from_notebook("train.py"))
+    return path
+
+
+def epochs_of(result):
+    return [r["epoch"] for r in result.events("epoch")]
+
+
+def test_restart_resumes_from_the_snapshot_and_finishes_every_epoch(train_script, tmp_path):
+    result = course_lib.torchrun(train_script, 2, max_restarts=3, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT,
+                                 quiet=True, env=RESTART_ENV, script_args=[*SMALL, "--fail-at-epoch", "1"])
+    assert epochs_of(result) == [0, 1]
+    assert result.events("epoch")[-1]["restart"] >= 1, "epoch 1 was finished by a restarted worker group"
+    assert "injected failure on rank 1" in result.outputs[1]
+    assert "continuing at epoch 1" in result.outputs[0]
+    snapshot = torch.load(tmp_path / "snapshot.pt", map_location="cpu", weights_only=True)
+    assert snapshot["epoch"] == 1
+    MyModel().load_state_dict(snapshot["model"])  # strict: same keys, no `module.` prefix
+
+
+def test_without_restarts_the_failure_ends_the_job_with_the_ranks_traceback(train_script, tmp_path):
+    with pytest.raises(LaunchError) as caught:
+        course_lib.torchrun(train_script, 2, max_restarts=0, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True,
+                            script_args=[*SMALL, "--fail-at-epoch", "0"])
+    message = str(caught.value)
+    assert "Rank 1" in message and "Traceback" in message
+    assert "RuntimeError: injected failure on rank 1 at epoch 0" in message
+    assert epochs_of(caught.value.result) == []
+
+
+def test_sigkill_while_saving_leaves_the_previous_snapshot_intact(train_script, tmp_path):
+    with pytest.raises(LaunchError) as caught:
+        course_lib.torchrun(train_script, 2, max_restarts=0, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True,
+                            script_args=[*SMALL, "--kill-during-save", "1"])
+    assert "SIGKILL" in str(caught.value)
+    half_written = tmp_path / "snapshot.pt.tmp"
+    assert half_written.exists(), "the crash happened while the temporary file was being written"
+    with pytest.raises(Exception):
+        torch.load(half_written, weights_only=True)
+    snapshot = torch.load(tmp_path / "snapshot.pt", map_location="cpu", weights_only=True)
+    assert snapshot["epoch"] == 0, "the snapshot of the previous epoch is still there, whole"
+
+
+def test_a_corrupt_snapshot_stops_the_run_with_the_file_and_the_fix(train_script, tmp_path):
+    snapshot = tmp_path / "snapshot.pt"
+    snapshot.write_bytes(b"PK\x03\x04 this is not a whole snapshot")
+    with pytest.raises(LaunchError) as caught:
+        course_lib.torchrun(train_script, 2, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True, script_args=SMALL)
+    message = str(caught.value)
+    assert f"The snapshot {snapshot} cannot be read" in message
+    assert "Delete it" in message and "--snapshot" in message
+
+
+def test_two_agents_form_one_world(train_script, tmp_path):
+    results = torchrun_nodes(train_script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT,
+                             quiet=True, script_args=["--epochs", "1", "--train-subset", "2000"])
+    assert [r.returncode for r in results] == [0, 0]
+    assert sorted(rank for r in results for rank in r.outputs) == [0, 1]
+    (epoch,) = results[0].events("epoch")
+    assert epoch["world_size"] == 2 and epoch["val_count"] == 10000
+
+
+def _processes_running(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in (p.info["cmdline"] or [])) and p.pid != os.getpid():
+            found.append(p)
+    return found
+
+
+def test_interrupting_a_two_agent_run_leaves_no_process(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('working', flush=True)\ntime.sleep(120)\n")
+    marker = str(script)
+
+    def interrupt_once_all_started():
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while time.monotonic() < deadline and len(_processes_running(marker)) < 4:  # 2 agents + 2 workers
+            time.sleep(0.2)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_all_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        torchrun_nodes(script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True)
+    gone, alive = psutil.wait_procs(_processes_running(marker), timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+
+
+# --- slurm/train.sbatch ------------------------------------------------------------------------
+
+
+def test_sbatch_script_is_valid_bash():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """A submit folder holding the lesson's script, and stand-ins for scontrol and srun on PATH."""
+    submit = tmp_path / "repo"
+    (submit / "notebooks" / "runs" / "04_torchrun_elastic").mkdir(parents=True)
+    (submit / "notebooks" / "runs" / "04_torchrun_elastic" / "train.py").write_text("# stand-in\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$1 $2\" = 'show hostnames' ] || exit 1\n"
+                                      "printf 'cn-07\\ncn-08\\ncn-09\\n'\n")
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'srun.args'}\n")
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "SLURM_JOB_NODELIST": "cn-[07-09]", "SLURM_NNODES": "3",
+                "SLURM_JOB_ID": "123456", "SLURM_SUBMIT_DIR": str(submit)})
+    return env, submit, tmp_path / "srun.args"
+
+
+def test_sbatch_runs_one_torchrun_per_node_with_the_first_host_as_rendezvous(fake_slurm):
+    env, submit, srun_args = fake_slurm
+    subprocess.run(["bash", str(SBATCH), "--epochs", "5"], env=env, check=True, capture_output=True, text=True)
+    assert srun_args.read_text().splitlines() == [
+        "--nodes", "3", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
+        "torchrun", "--nnodes", "3", "--nproc-per-node", "2", "--rdzv-id", "123456", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "cn-07:29956", "--max-restarts", "3",
+        "notebooks/runs/04_torchrun_elastic/train.py", "--run-dir", "notebooks/runs/04_torchrun_elastic/slurm-123456",
+        "--epochs", "5",
+    ]
+    assert (submit / "notebooks" / "runs" / "04_torchrun_elastic" / "slurm-123456").is_dir()
+
+
+def test_sbatch_uses_the_gpus_slurm_gives_each_node(fake_slurm):
+    env, _, srun_args = fake_slurm
+    subprocess.run(["bash", str(SBATCH)], env={**env, "SLURM_GPUS_ON_NODE": "8"}, check=True, capture_output=True)
+    args = srun_args.read_text().splitlines()
+    assert args[args.index("--nproc-per-node") + 1] == "8"
+
+
+def test_sbatch_without_the_script_says_to_run_the_notebook(fake_slurm):
+    env, submit, srun_args = fake_slurm
+    (submit / "notebooks" / "runs" / "04_torchrun_elastic" / "train.py").unlink()
+    done = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "04_torchrun_elastic.ipynb" in done.stderr
+    assert not srun_args.exists()
