@@ -156,7 +156,7 @@ def measure_pipeline(cfg: dict, device: torch.device, root=DEFAULT_ROOT) -> dict
 # --- 2. and 3. launches ----------------------------------------------------------------------
 
 
-def _launch_level(level: str, nproc: int, out: Path, model: str, batch, steps, warmup) -> dict:
+def _launch_level(level: str, nproc: int, out: Path, model: str, batch, steps, warmup, env=None) -> dict:
     """Run benchmarks/scripts/level_<level>.py under course_lib.torchrun and read rank 0's JSON."""
     name = f"{level}_{model.replace(',', '+')}_x{nproc}"
     json_path = out / "levels" / f"{name}.json"
@@ -164,15 +164,16 @@ def _launch_level(level: str, nproc: int, out: Path, model: str, batch, steps, w
     args = ["--model", model, "--batch", batch, "--steps", steps, "--warmup", warmup, "--out", json_path]
     # One thread per process at every process count: N processes are N workers of the same size
     # (by default one process would get every core, and its threads fight any other load for them).
-    course_lib.torchrun(SCRIPTS / f"level_{level}.py", nproc=nproc, script_args=args, env={"OMP_NUM_THREADS": 1},
+    course_lib.torchrun(SCRIPTS / f"level_{level}.py", nproc=nproc, script_args=args,
+                        env={"OMP_NUM_THREADS": 1, **(env or {})},
                         run_dir=out / "levels" / name, quiet=True, timeout=900)
     return json.loads(json_path.read_text())
 
 
 def scaling_nprocs() -> list[int]:
     gpus = devices.gpu_count()
-    if not gpus:
-        return [1, 2]
+    if gpus < 2:
+        return [1, 2]  # on CPU processes (see measure_scaling)
     counts = sorted({n for n in (1, 2, 4, 8) if n <= gpus} | {gpus})
     return counts
 
@@ -180,11 +181,15 @@ def scaling_nprocs() -> list[int]:
 def measure_scaling(cfg: dict, out: Path) -> dict:
     """level_ddp.py on 1..N processes (both models in one launch): throughput, efficiency, all-reduce share."""
     models = ("mymodel", "resnet18")
+    # With one GPU, 1 process would use it and 2 would fall back to CPUs: compare like with like on CPUs.
+    hide_gpu = {"CUDA_VISIBLE_DEVICES": ""} if devices.gpu_count() == 1 else {}
+    if hide_gpu:
+        cfg = {**cfg, "resnet18": settings(cfg["fast"], cuda=False)["resnet18"]}
     knobs = {m: {"batch": cfg[m].get("batch", cfg["batch"]), **cfg[m]} for m in models}
     runs = {}
     for n in scaling_nprocs():
         joined = {key: ",".join(str(knobs[m][key]) for m in models) for key in ("batch", "steps", "warmup")}
-        launched = _launch_level("ddp", n, out, ",".join(models), **joined)["models"]
+        launched = _launch_level("ddp", n, out, ",".join(models), env=hide_gpu, **joined)["models"]
         for m in models:
             runs.setdefault(m, {})[n] = launched[m]
             log(f"  {m} x{n}: {launched[m]['loader']['samples_per_s']:.0f} samples/s")
@@ -193,6 +198,7 @@ def measure_scaling(cfg: dict, out: Path) -> dict:
         one, largest = runs[model][min(runs[model])], runs[model][max(runs[model])]
         results[model] = {
             "batch_per_rank": knobs[model]["batch"],
+            "device": one["device"].split(":")[0],
             "grad_MB": one["grad_bytes"] / 1e6,
             "per_nproc": {str(n): {"samples_per_s": r["loader"]["samples_per_s"],
                                    "epoch_s": r["loader"]["epoch_s"],
@@ -294,18 +300,19 @@ def measure_launch(cfg: dict, out: Path, nproc: int = 2) -> dict:
                 start = time.perf_counter()
                 result = course_lib.torchrun(probe, nproc=nproc, quiet=True)
                 library.append(time.perf_counter() - start)
-                command = shlex.join(result.command)
+                command = launch._display(result.command)
             else:
-                command = shlex.join(launch.torchrun_command(probe, nproc, log_dir=probe_dir / "logs"))
+                # The very command course_lib runs (venv's torchrun by its full path, same flags).
+                shell_command = shlex.join(launch.torchrun_command(probe, nproc, log_dir=probe_dir / "logs"))
                 start = time.perf_counter()
-                subprocess.run(command, shell=True, check=True, env=launch.launch_env(nproc),
+                subprocess.run(shell_command, shell=True, check=True, env=launch.launch_env(nproc),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 shell.append(time.perf_counter() - start)
     # The fastest of each: the launch least disturbed by other programs on the machine.
     ratio = min(library) / min(shell)
     log(f"  course_lib {min(library):.2f}s vs shell {min(shell):.2f}s (fastest of {len(shell)}): x{ratio:.2f}")
     return {"nproc": nproc, "repeats": cfg["launch_repeats"], "course_lib_s": library, "shell_s": shell,
-            "command": command, "ratio": ratio}
+            "command": command, "shell_command": shell_command, "ratio": ratio}
 
 
 # --- the whole run ----------------------------------------------------------------------------
@@ -376,7 +383,7 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
         result["scaling"]["resnet18"].pop("_ddp_runs")
     if "abstraction" in sections:
         log(f"[3/5] abstraction levels on {nproc} processes")
-        if ddp_runs is None or nproc not in ddp_runs:
+        if ddp_runs is None or nproc not in ddp_runs or result["scaling"]["mymodel"]["device"] != device.type:
             knobs = cfg["mymodel"]
             ddp = _launch_level("ddp", nproc, out, "mymodel", cfg["batch"], knobs["steps"], knobs["warmup"])
             ddp = ddp["models"]["mymodel"]
