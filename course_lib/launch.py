@@ -281,7 +281,19 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
         watcher.start(proc)
     outputs: dict[int, list[str]] = {}
     launcher: list[str] = []
+
+    def take(line: str, echo: bool = True) -> None:
+        text = line.rstrip("\n")
+        match = RANK_LINE.match(text)
+        rank, text = (int(match.group(1)), match.group(2)) if match else (None, text)
+        outputs.setdefault(rank, []).append(text) if match else launcher.append(text)
+        if watcher:
+            watcher.line(rank, text)
+        elif echo and not quiet:
+            print(line if line.endswith("\n") else line + "\n", end="", flush=True)
+
     stopped = None
+    wall_start = time.time()
     try:
         while True:
             if timeout is not None and time.monotonic() - start > timeout:
@@ -295,15 +307,7 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
                 continue
             if line is None:
                 break
-            match = RANK_LINE.match(line.rstrip("\n"))
-            if match:
-                outputs.setdefault(int(match.group(1)), []).append(match.group(2))
-            else:
-                launcher.append(line.rstrip("\n"))
-            if watcher:
-                watcher.line(int(match.group(1)) if match else None, match.group(2) if match else line.rstrip("\n"))
-            elif not quiet:
-                print(line, end="", flush=True)
+            take(line)
     except KeyboardInterrupt:
         stopped = "interrupt"
     if stopped:
@@ -318,11 +322,9 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
         except queue.Empty:
             break
         if line is not None:
-            match = RANK_LINE.match(line.rstrip("\n"))
-            (outputs.setdefault(int(match.group(1)), []).append(match.group(2)) if match
-             else launcher.append(line.rstrip("\n")))
-            if watcher:
-                watcher.line(int(match.group(1)) if match else None, match.group(2) if match else line.rstrip("\n"))
+            take(line, echo=not stopped)
+    for rank, text in _unstreamed_lines(cmd, wall_start, outputs):
+        take(f"[rank{rank}]: {text}")
     result = RunResult(
         command=cmd, returncode=proc.returncode, duration=time.monotonic() - start, run_dir=run_dir,
         outputs={rank: "\n".join(text) for rank, text in sorted(outputs.items())},
@@ -338,6 +340,30 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
     if check and result.returncode != 0:
         raise LaunchError(failure_message(result), result)
     return result
+
+
+def _unstreamed_lines(cmd: list[str], since: float, outputs: dict[int, list[str]]):
+    """Lines a rank wrote to its log file that torchrun's console tail missed (it can drop the last
+    lines of a rank that exits right after printing). Single-node launches only: there a local rank
+    is the global rank."""
+    flag = next((f for f in ("--log-dir", "--log_dir") if f in cmd), None)
+    if flag is None or ("--nnodes" in cmd and cmd[cmd.index("--nnodes") + 1] != "1"):
+        return []
+    log_dir = Path(cmd[cmd.index(flag) + 1])
+    runs = [d for d in log_dir.glob("*") if d.is_dir() and d.stat().st_mtime >= since - 1]
+    missing = []
+    for run in runs:
+        attempts = sorted(run.glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
+        for rank_dir in (attempts[-1].iterdir() if attempts else []):
+            if not rank_dir.name.isdigit():
+                continue
+            rank = int(rank_dir.name)
+            have = set(outputs.get(rank, []))
+            for name in ("stdout.log", "stderr.log"):
+                path = rank_dir / name
+                lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+                missing += [(rank, line) for line in lines if line not in have]
+    return missing
 
 
 # --- explaining a failure ----------------------------------------------------------------------
