@@ -5,6 +5,10 @@
   python3 -m course_lib setup          only set up .venv and prepare MNIST
   python3 -m course_lib doctor         what this machine offers for distributed training
   python3 -m course_lib prepare-data   make data/MNIST/raw hold the verified MNIST files
+  python3 -m course_lib exercises build [--check]
+                                       generate exercises/ from solutions/ (--check: fail if out of date)
+  python3 -m course_lib grade SUBMISSIONS... --out grades.csv
+                                       execute and grade submitted exercise notebooks (instructors)
 
 ``--no-venv`` (before the command) uses the current Python environment (e.g. an activated conda
 environment made from environment.yml) instead of ``.venv``.
