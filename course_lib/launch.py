@@ -153,6 +153,10 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
     cmd = torchrun_command(script, nproc, nnodes, script_args, max_restarts,
                            log_dir=run_dir / "logs", extra_args=extra_args)
     shown = {"ACCELERATE_USE_CPU": "1"} if _accelerate_needs_cpu(script, nproc) else {}
+    if max_restarts:
+        # With the agent's rendezvous store shared with the workers (torch's default), restart rounds
+        # here often fail with "Gloo connectFullMesh failed" and use up --max-restarts (lesson 04).
+        shown["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
                        quiet=quiet, check=check, shown_env=shown, progress=progress)
 
