@@ -24,7 +24,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ SCRIPTS = HERE / "scripts"
 DEFAULT_OUT = HERE.parent / "notebooks" / "runs" / "07_performance"
 sys.path.insert(0, str(SCRIPTS))  # the level scripts' shared helpers (common.py)
 
-from common import build_model, grad_bytes, time_steps  # noqa: E402
+from common import build_model, time_steps  # noqa: E402
 
 import course_lib  # noqa: E402
 from course_lib import devices, launch  # noqa: E402

@@ -679,7 +679,7 @@ def check_snapshots(save_snapshot, load_snapshot) -> None:
         model, optimizer = trained_pair(0)
         _call("04.1", save_snapshot, path, _Wrapped(model), optimizer, 4)
         if not path.is_file():
-            report.stop(f"save_snapshot(path, ...) wrote no file at path", "Write the snapshot to the path given.")
+            report.stop("save_snapshot(path, ...) wrote no file at path", "Write the snapshot to the path given.")
         others = sorted(p.name for p in folder.iterdir() if p != path)
         report.expect(not others, "save_snapshot left no other file behind",
                       f"save_snapshot left other files in the folder: {others}",

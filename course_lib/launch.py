@@ -121,6 +121,17 @@ def _display(cmd: list[str], shown_env: dict | None = None) -> str:
     return prefix + shlex.join(shown)
 
 
+def _prepare(script, nproc, script_args, run_dir) -> tuple[Path, int, list[str], Path]:
+    """Checked script, process count and run folder; an explicit ``run_dir`` is passed on as ``--run-dir``."""
+    script = _check_script(script)
+    script_args = [str(a) for a in script_args]
+    if run_dir is None:
+        run_dir = script.parent  # scripts default their --run-dir to their own folder
+    else:
+        script_args += ["--run-dir", str(run_dir)]
+    return script, resolve_nproc(nproc), script_args, Path(run_dir)
+
+
 def _check_script(script) -> Path:
     path = Path(script)
     if not path.is_file():
@@ -140,16 +151,9 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
     GPUs first. ``check=False`` returns a failed result instead of raising. ``progress=True`` shows
     one compact line per epoch (from the run's metrics) instead of every rank's output.
     """
-    script = _check_script(script)
-    nproc = resolve_nproc(nproc)
+    script, nproc, script_args, run_dir = _prepare(script, nproc, script_args, run_dir)
     if backend is not None:
         choose_backend(nproc, requested=backend)  # raises with the fix if it cannot work
-    script_args = list(script_args)
-    if run_dir is None:
-        run_dir = script.parent
-    else:
-        script_args += ["--run-dir", str(run_dir)]
-    run_dir = Path(run_dir)
     cmd = torchrun_command(script, nproc, nnodes, script_args, max_restarts,
                            log_dir=run_dir / "logs", extra_args=extra_args)
     shown = {"ACCELERATE_USE_CPU": "1"} if _accelerate_needs_cpu(script, nproc) else {}
@@ -204,14 +208,7 @@ def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", 
                       cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True,
                       progress=False) -> RunResult:
     """Run ``script`` with ``accelerate launch``; ``cpu`` (default: fewer GPUs than processes) adds ACCELERATE_USE_CPU=1."""
-    script = _check_script(script)
-    nproc = resolve_nproc(nproc)
-    script_args = list(script_args)
-    if run_dir is None:
-        run_dir = script.parent
-    else:
-        script_args += ["--run-dir", str(run_dir)]
-    run_dir = Path(run_dir)
+    script, nproc, script_args, run_dir = _prepare(script, nproc, script_args, run_dir)
     cmd = accelerate_command(script, nproc, script_args, mixed_precision, config_file, log_dir=run_dir / "logs")
     use_cpu = gpu_count() < nproc if cpu is None else cpu
     shown = {"ACCELERATE_USE_CPU": "1"} if use_cpu else {}

@@ -12,11 +12,9 @@ import queue
 import subprocess
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
-from .devices import resolve_nproc
-from .launch import (RANK_LINE, LaunchError, LaunchTimeout, RunResult, _check_script, _display, _stop_tree,
+from .launch import (RANK_LINE, LaunchError, LaunchTimeout, RunResult, _display, _prepare, _stop_tree,
                      failure_message, free_port, launch_env, torchrun_command)
 from .metrics import METRICS_FILE, read_metrics
 
@@ -43,14 +41,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     ``--rdzv-conf`` (e.g. ``"last_call_timeout=1"``). Returns one ``RunResult`` per started node; a
     failing node raises ``LaunchError`` (``.results`` holds all of them) unless ``check=False``.
     """
-    script = _check_script(script)
-    nproc_per_node = resolve_nproc(nproc_per_node)
-    script_args = list(script_args)
-    if run_dir is None:
-        run_dir = script.parent
-    else:
-        script_args += ["--run-dir", str(run_dir)]
-    run_dir = Path(run_dir)
+    script, nproc_per_node, script_args, run_dir = _prepare(script, nproc_per_node, script_args, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / METRICS_FILE).unlink(missing_ok=True)
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"nodes{free_port()}"
