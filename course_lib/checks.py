@@ -425,7 +425,7 @@ def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
     report.done()
 
 
-def check_ddp_training(script, nproc: int = 2, train_samples: int = 20000) -> None:
+def check_ddp_training(script, nproc: int = 2, train_samples: int = 60000) -> None:
     """Task 02.2: DDP training: disjoint shards, identical weights on every rank, a loadable checkpoint."""
     from .data import mnist_tensors
     from .model import MyModel
@@ -778,7 +778,7 @@ def check_elastic_resume(script, nproc: int = 2, epochs: int = 3, fail_at_epoch:
 # --- lesson 05: Accelerate ----------------------------------------------------------------------------
 
 
-def check_accelerate_training(script, nproc: int = 2, train_samples: int = 20000) -> None:
+def check_accelerate_training(script, nproc: int = 2, train_samples: int = 60000) -> None:
     """Task 05.1: the loop ported to Accelerate runs as one job of ``nproc`` processes, sharded, in sync."""
     report = Report("05.1", f"the Accelerate port on {nproc} processes")
     result = _launch("05.1", script, nproc=nproc, script_args=["--epochs", "1", "--train-samples", str(train_samples)])
@@ -888,7 +888,7 @@ def check_compute_loss(trainer_class) -> None:
     report.done()
 
 
-def check_trainer_run(script, nproc: int = 2, train_samples: int = 20000) -> None:
+def check_trainer_run(script, nproc: int = 2, train_samples: int = 60000) -> None:
     """Task 06.2: the Trainer trains on ``nproc`` processes and evaluates every validation sample once."""
     report = Report("06.2", f"Trainer on {nproc} processes")
     result = _launch("06.2", script, nproc=nproc, script_args=["--train-samples", str(train_samples)])
