@@ -6,7 +6,7 @@
 
 Measures, in this order, for each model (rank 0 writes them):
   loader        steps fed by the DataLoader, as in lesson 02 (the baseline of the abstraction levels);
-  compute_only  the same number of steps on one batch already on the device (no data loading);
+  compute_only  the same steps on this rank's batches sliced ahead, already on the device (no data loading);
   no_sync       compute_only without the gradient all-reduce (``model.no_sync()``);
   comm          compute_only again through a DDP communication hook that times each all-reduce.
 """
@@ -72,7 +72,9 @@ def measure(name: str, batch: int, knobs, X, y, device, use_cuda: bool, local_ra
     result["loader"] = time_steps(lambda: loader, step, knobs, per_epoch, global_batch, device,
                                   on_epoch=sampler.set_epoch)
 
-    fixed = [(X[:batch].to(device), y[:batch].to(device))] * per_epoch  # one batch, already there
+    # This rank's batches sliced ahead, already on the device: the same steps with no data work left.
+    # (Repeating one batch is no ceiling: the model fits it and its gradients become slow denormals.)
+    fixed = [(X[index].to(device), y[index].to(device)) for index in torch.tensor(list(sampler)).split(batch)]
     result["compute_only"] = time_steps(lambda: fixed, step, knobs, per_epoch, global_batch, device)
     with model.no_sync():  # the same steps without any gradient all-reduce
         result["no_sync"] = time_steps(lambda: fixed, step, knobs, per_epoch, global_batch, device)
