@@ -271,7 +271,8 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
     watcher = make_watcher(progress, run_dir, cmd)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / METRICS_FILE).unlink(missing_ok=True)  # metrics.jsonl belongs to this launch only
-    print(f"$ {_display(cmd, shown_env)}", flush=True)
+    shown = _display(cmd, shown_env)
+    print(f"$ {shown}", flush=True)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=env, start_new_session=True, errors="replace")
@@ -279,7 +280,7 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
     reader.start()
     if watcher:
-        watcher.start(proc)
+        watcher.start(proc, shown)
     outputs: dict[int, list[str]] = {}
     launcher: list[str] = []
 

@@ -284,14 +284,12 @@ class LaunchPanel:
 
     # --- the watcher protocol run_command calls (from the run's thread) -----------------------
 
-    def start(self, proc) -> None:
+    def start(self, proc, command_line: str = "") -> None:
         self._proc = proc
-        shown = launch._display(proc.args, {"ACCELERATE_USE_CPU": "1"} if _cpu_accelerate(proc.args, self._nproc)
-                                            else {})
         # The launch itself prints the same line into the cell (or terminal); here it stays visible on top.
-        self.command.value = f"<code>$ {_html(shown)}</code>"
+        self.command.value = f"<code>$ {_html(command_line)}</code>"
         self.status.value = "<b>running</b>"
-        self._progress.start(proc)
+        self._progress.start(proc, command_line)
 
     def line(self, rank, text: str) -> None:
         name = rank if rank in self._pending else "launcher"
@@ -346,14 +344,6 @@ class LaunchPanel:
             self._records_seen = len(records)
             if epochs or steps:
                 self.plot.value = plot_png(records, title=str(self._script_path()))
-
-
-def _cpu_accelerate(cmd, nproc: int) -> bool:
-    """Whether the launch added ACCELERATE_USE_CPU=1 (the same rule as ``torchrun``/``accelerate_launch``)."""
-    if Path(cmd[0]).name == "accelerate":
-        return gpu_count() < nproc
-    scripts = [a for a in cmd if str(a).endswith(".py")]
-    return bool(scripts) and launch._accelerate_needs_cpu(Path(scripts[0]), nproc)
 
 
 def _html(text: str) -> str:

@@ -68,7 +68,7 @@ class EpochProgress:
     def _label(self, epoch: int) -> str:
         return f"epoch {epoch + 1}/{self.epochs}" if self.epochs else f"epoch {epoch + 1}"
 
-    def start(self, proc) -> None:
+    def start(self, proc, command_line: str = "") -> None:
         self.start_time = time.monotonic()
 
     def line(self, rank, text: str) -> None:

@@ -98,6 +98,7 @@ def test_panel_runs_two_processes_and_fills_every_view(write, capsys):
         assert "epoch 1 step 3" in shown, f"rank {rank}'s tab missed lines"
     assert panel.epoch_bar.value == 2 and bytes(panel.plot.value).startswith(b"\x89PNG")
     assert "finished" in panel.status.value and panel.stop_button.disabled and not panel.run_button.disabled
+    assert panel.command.value.startswith("<code>$ torchrun --standalone --nproc-per-node 2")
 
 
 def test_panel_stop_mid_run_leaves_no_process(write):
