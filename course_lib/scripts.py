@@ -205,19 +205,25 @@ def show_diff(base_text: str, derived_text: str, base_name: str = "base", name: 
     added = sum(1 for line in lines if line.startswith("+") and not line.startswith("+++"))
     removed = sum(1 for line in lines if line.startswith("-") and not line.startswith("---"))
     summary = f"{name} = {base_name} + {added} lines, - {removed} lines"
-    try:
-        from IPython import get_ipython
-        from IPython.display import HTML, display
-    except ImportError:
-        get_ipython = None
-    if get_ipython is None or get_ipython() is None:
+    if not in_notebook():
         print(summary + "\n" + "\n".join(lines))
         return
+    from IPython.display import HTML, display
+
     colours = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}
     rows = "".join(f'<div style="background:{colours.get(line[:1], "transparent")}">{html.escape(line) or " "}</div>'
                    for line in lines[2:])
     display(HTML(f"<details open><summary><b>{html.escape(summary)}</b></summary>"
                  f'<pre style="font-size:85%;line-height:1.25">{rows}</pre></details>'))
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where HTML shows), False in a shell, a terminal IPython or a test."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return type(get_ipython()).__name__ == "ZMQInteractiveShell"
 
 
 def write_script_magic(line: str, cell: str) -> None:

@@ -44,3 +44,40 @@ def test_load_ext_registers_the_cell_magic():
     ip = get_ipython()
     ip.run_line_magic("load_ext", "course_lib")
     assert "write_script" in ip.magics_manager.magics["cell"]
+
+
+def test_base_of_a_derived_script_is_read_from_its_lesson_notebook():
+    from course_lib.scripts import script_source
+
+    base = script_source("runs/02_ddp/train.py")
+    assert base.startswith('"""') and "def setup():" in base and "DistributedSampler(" in base
+
+
+def test_magic_with_base_writes_a_derived_script_and_prints_its_diff(tmp_path, capsys):
+    from course_lib.scripts import script_source
+
+    base = script_source("runs/02_ddp/train.py")
+    derived = base.replace("    torch.manual_seed(args.seed)",
+                           "    # >>> seed: print it\n    print(args.seed)\n    # <<< seed\n    torch.manual_seed(args.seed)", 1)
+    write_script_magic(f"{tmp_path / 'd.py'} --base runs/02_ddp/train.py", derived)
+    assert (tmp_path / "d.py").read_text() == derived
+    out = capsys.readouterr().out
+    assert "+ 3 lines, - 0 lines" in out and "+    print(args.seed)" in out
+
+
+def test_magic_refuses_a_derived_script_that_drifts_and_writes_nothing(tmp_path):
+    from course_lib.scripts import LineageError, script_source
+
+    drifted = script_source("runs/02_ddp/train.py").replace("default=256", "default=128", 1)
+    with pytest.raises(LineageError, match="outside every marked region"):
+        write_script_magic(f"{tmp_path / 'd.py'} --base runs/02_ddp/train.py", drifted)
+    assert not (tmp_path / "d.py").exists()
+
+
+def test_magic_base_needs_a_value_and_an_existing_script(tmp_path):
+    from course_lib.scripts import LineageError
+
+    with pytest.raises(ValueError, match="--base BASE"):
+        write_script_magic(f"{tmp_path / 'd.py'} --base", "x = 1")
+    with pytest.raises(LineageError, match="no cell of the course writes"):
+        write_script_magic(f"{tmp_path / 'd.py'} --base runs/nowhere/train.py", "x = 1")
