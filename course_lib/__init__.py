@@ -11,13 +11,13 @@ import importlib
 
 _EXPORTS = {
     "prepare_mnist": "data", "mnist_tensors": "data", "mnist_datasets": "data", "mnist_is_ready": "data",
-    "DataError": "data", "MIRROR_ENV": "data",
+    "MIRROR_ENV": "data",
     "MyModel": "model",
     "doctor": "devices", "gpu_count": "devices", "cpu_count": "devices", "available_backends": "devices",
-    "default_nproc": "devices", "choose_backend": "devices", "LaunchConfigError": "devices",
+    "default_nproc": "devices", "choose_backend": "devices",
     "write_script": "scripts",
-    "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchError": "launch",
-    "LaunchTimeout": "launch",
+    "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchSpec": "launch",
+    "DataError": "errors", "LaunchConfigError": "errors", "LaunchError": "errors", "LaunchTimeout": "errors",
     "log_metrics": "metrics", "read_metrics": "metrics", "plot_metrics": "metrics",
 }
 

@@ -16,6 +16,7 @@ environment made from environment.yml) instead of ``.venv``.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
@@ -54,11 +55,11 @@ def _in_venv() -> bool:
 
 
 def main(argv: list[str]) -> int:
+    from .errors import USER_ERRORS  # torch-free, so this works before anything is installed
+
     try:
         return _main(argv)
-    except Exception as exc:
-        if type(exc).__name__ not in ("DataError", "LaunchConfigError"):
-            raise
+    except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)  # these messages already say what to do
         return 1
 
@@ -97,29 +98,16 @@ def _main(argv: list[str]) -> int:
                 return 1
             return code
         return 0
-    handler = _extra_commands().get(command)
-    if handler is None:
+    if command not in MODULE_COMMANDS:
         print(f"Unknown command {command!r}.\n{__doc__}", file=sys.stderr)
         return 2
-    return handler(rest)
+    # Imported only when asked for; a module that fails to import raises its own ImportError.
+    module = importlib.import_module(f".{MODULE_COMMANDS[command]}", __package__)
+    return module.cli(rest)
 
 
-def _extra_commands() -> dict:
-    """Commands added by later modules (exercises, grading), looked up only when asked for."""
-    commands = {}
-    try:
-        from .exercises import cli as exercises_cli
-
-        commands["exercises"] = exercises_cli
-    except ImportError:
-        pass
-    try:
-        from .grading import cli as grade_cli
-
-        commands["grade"] = grade_cli
-    except ImportError:
-        pass
-    return commands
+#: Commands whose code lives in a module of their own (instructors' tools), by the module's name.
+MODULE_COMMANDS = {"exercises": "exercises", "grade": "grading"}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import DataError  # lives in errors (no torch) so the command line can catch it by type
+
 #: Environment variable naming a folder that holds the four official MNIST ``.gz`` files.
 MIRROR_ENV = "COURSE_MNIST_MIRROR"
 
@@ -28,10 +30,6 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 #: The repository's own ``data/`` folder (git-ignored); scripts take ``--data-dir`` to change it.
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "data"
-
-
-class DataError(RuntimeError):
-    """MNIST could not be made ready; the message says what to do."""
 
 
 def md5(path: str | os.PathLike) -> str:

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-
-class LaunchConfigError(ValueError):
-    """A process count or backend that cannot work here; the message names the fix."""
+from .errors import LaunchConfigError
 
 
 def gpu_count() -> int:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import nbformat
 
+from .errors import MarkerError
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
@@ -31,10 +33,6 @@ BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
 DEFAULT_HINT = "Write your solution here (replace this line), then run the check below."
 MARKDOWN_ANSWER = "YOUR ANSWER HERE"
 _LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (?:BEGIN|END) SOLUTION)\s*$")
-
-
-class MarkerError(ValueError):
-    """A solution notebook's markers do not pair up; the message names the notebook, cell and line."""
 
 
 @dataclass

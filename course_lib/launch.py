@@ -23,24 +23,13 @@ from pathlib import Path
 
 import psutil
 
+from .errors import LaunchError, LaunchTimeout
 from .devices import choose_backend, cpu_count, gpu_count, resolve_nproc
 from .metrics import METRICS_FILE, read_metrics
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 #: torchrun's prefix for tee'd worker output; ``${rank}`` is the global rank.
 PREFIX_TEMPLATE = "[rank${rank}]: "
-
-
-class LaunchError(RuntimeError):
-    """The launched job failed; ``.result`` holds everything it printed."""
-
-    def __init__(self, message: str, result: "RunResult"):
-        super().__init__(message)
-        self.result = result
-
-
-class LaunchTimeout(LaunchError):
-    """The job ran past its ``timeout`` and was stopped."""
 
 
 @dataclass
