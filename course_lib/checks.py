@@ -389,11 +389,27 @@ def _reference_accuracy(seed: int = 0) -> tuple[float, int]:
     return correct / len(y), len(y)
 
 
+def _reference_top3(seed: int = 0) -> float:
+    """Top-3 accuracy of the untrained ``MyModel`` of ``_reference_accuracy``, in one process."""
+    from .data import mnist_tensors
+    from .model import MyModel
+
+    X, y = mnist_tensors(train=False)
+    torch.manual_seed(seed)
+    model = MyModel().eval()
+    with torch.no_grad():
+        hits = sum((model(X[i:i + 2000]).topk(3, dim=1).indices == y[i:i + 2000, None]).any(dim=1).sum().item()
+                   for i in range(0, len(y), 2000))
+    return hits / len(y)
+
+
 def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
-    """Task 02.1: ``evaluate`` counts every validation sample exactly once at any world size."""
-    report = Report("02.1", "evaluate(model, dataset) at " + " and ".join(f"{n}" for n in nprocs) + " processes")
+    """Task 02.1: ``evaluate`` (lesson 02's signature) counts every validation sample exactly once at any world size."""
+    report = Report("02.1", "evaluate(model, val_set, rank, world_size, device, batch_size) at "
+                    + " and ".join(f"{n}" for n in nprocs) + " processes")
     want_acc, want_count = _reference_accuracy()
-    print(f"  (one process over all {want_count} samples: accuracy {want_acc:.4f})")
+    want_acc3 = _reference_top3()
+    print(f"  (one process over all {want_count} samples: top-1 {want_acc:.4f}, top-3 {want_acc3:.4f})")
     for nproc in nprocs:
         found = _harness("02.1", script, """
             from torch.utils.data import TensorDataset
@@ -401,8 +417,13 @@ def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
 
             torch.manual_seed(0)
             model = MyModel().eval()
-            accuracy, count = learner.evaluate(model, TensorDataset(*mnist_tensors(train=False)))
-            report(accuracy=float(accuracy), count=int(count))
+            val_set = TensorDataset(*mnist_tensors(train=False))
+            metrics = learner.evaluate(model, val_set, rank, world_size, torch.device("cpu"), 256)
+            if not isinstance(metrics, dict):
+                raise TypeError(f"evaluate returned {type(metrics).__name__}, not the dict of val_acc, val_acc3, "
+                                "val_correct and val_count")
+            report(accuracy=float(metrics["val_acc"]), accuracy3=float(metrics["val_acc3"]),
+                   correct=int(metrics["val_correct"]), count=int(metrics["val_count"]))
         """, nproc=nproc)
         for rank, values in sorted(found.items()):
             count, acc = values["count"], values["accuracy"]
@@ -422,32 +443,48 @@ def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
                           f"{where}: accuracy {acc:.4f}, expected {want_acc:.4f}",
                           "Accuracy = all correct predictions / all samples, summed over ranks before dividing "
                           "(an average of per-batch or per-rank accuracies is biased).")
+            report.expect(abs(values["accuracy3"] - want_acc3) < 6e-4, f"{where}: top-3 {values['accuracy3']:.4f}",
+                          f"{where}: top-3 {values['accuracy3']:.4f}, expected {want_acc3:.4f}",
+                          "Top-3: the label is among the 3 largest outputs (topk(3)); count those like the top-1 hits.")
+            report.expect(values["correct"] == round(acc * count), f"{where}: val_correct = {values['correct']}",
+                          f"{where}: val_correct = {values['correct']}, but val_acc x val_count = {acc * count:.1f}",
+                          "val_correct is the number of correct top-1 predictions over all ranks.")
     report.done()
 
 
-def check_ddp_training(script, nproc: int = 2, train_samples: int = 60000) -> None:
+def check_ddp_training(script, nproc: int = 2, max_steps: int | None = None) -> None:
     """Task 02.2: DDP training: disjoint shards, identical weights on every rank, a loadable checkpoint."""
     from .data import mnist_tensors
     from .model import MyModel
 
-    report = Report("02.2", f"DDP training on {nproc} processes, {train_samples} training samples")
+    steps = "the whole epoch" if max_steps is None else f"{max_steps} steps"
+    report = Report("02.2", f"DDP training on {nproc} processes, one epoch ({steps})")
     script = Path(script)
-    result = _launch("02.2", script, nproc=nproc, script_args=["--epochs", "1", "--train-samples", str(train_samples)])
+    checkpoint = script.parent / "checkpoints" / "checkpoint-0.pt"
+    checkpoint.unlink(missing_ok=True)  # only this run's checkpoint counts
+    script_args = ["--epochs", "1"] + ([] if max_steps is None else ["--max-steps", str(max_steps)])
+    result = _launch("02.2", script, nproc=nproc, script_args=script_args)
     epochs = result.events("epoch")
     if not epochs:
         report.stop("the script logged no `epoch` metrics", "Keep the log_metrics call of the script as given.")
     last = epochs[-1]
-    seen = last.get("train_samples")
-    if seen == train_samples:
-        report.ok(f"the ranks together trained on {seen} samples: each sample once")
-    elif seen == train_samples * nproc:
-        report.fail(f"the ranks together trained on {seen} samples: every rank saw every sample",
-                    "Give the training DataLoader a sampler that hands each rank its own shard.")
+    outputs = rank_outputs(result)
+    shard = re.search(r"(\d+) training samples, (\d+) per rank", outputs.get(0, ""))
+    if shard is None:
+        report.fail("rank 0 printed no line `N training samples, M per rank, ...` (keep that print of the script)")
     else:
-        report.fail(f"the ranks together trained on {seen} samples, expected {train_samples}")
+        total, per_rank = int(shard[1]), int(shard[2])
+        if per_rank == math.ceil(total / nproc):
+            report.ok(f"each rank trains on its own shard: {per_rank} of the {total} samples")
+        elif per_rank == total:
+            report.fail(f"every rank trains on all {total} samples",
+                        "Give the training DataLoader a DistributedSampler that hands each rank its own shard.")
+        else:
+            report.fail(f"each rank's sampler holds {per_rank} of {total} samples, expected {math.ceil(total / nproc)}",
+                        "DistributedSampler needs num_replicas=world_size and this process's rank.")
     sums = {}
     for rank in range(nproc):
-        found = re.findall(r"parameter checksum ([-\d.e+]+)", rank_outputs(result).get(rank, ""))
+        found = re.findall(r"parameter checksum ([-\d.e+]+)", outputs.get(rank, ""))
         if found:
             sums[rank] = float(found[-1])
     if len(sums) == nproc and len(set(sums.values())) == 1:
@@ -456,16 +493,16 @@ def check_ddp_training(script, nproc: int = 2, train_samples: int = 60000) -> No
         report.fail(f"the ranks end with different weights: {sums}",
                     "Without gradient synchronisation each rank trains its own model: wrap the model for DDP.")
     else:
-        report.fail("not every rank printed its `parameter checksum` line (keep that line of the script)")
+        report.fail("not every rank printed its `parameter checksum` line (keep the checksum region of the script)")
     acc = last.get("val_acc")
     if acc is None:
         report.stop("the epoch metrics have no `val_acc`", "Keep the log_metrics call of the script as given.")
-    report.expect(acc > 0.85, f"validation accuracy {acc:.4f} after one pass",
-                  f"validation accuracy {acc:.4f} after one pass, expected above 0.85",
+    report.expect(acc > 0.85, f"validation accuracy {acc:.4f} after one epoch",
+                  f"validation accuracy {acc:.4f} after one epoch, expected above 0.85",
                   "Check the learning rate and that every rank steps its optimizer after backward.")
-    checkpoint = script.parent / "checkpoints" / "last.pt"
     if not checkpoint.is_file():
-        report.stop(f"no checkpoint at {checkpoint}", "Rank 0 saves after the epoch; the path is given in the script.")
+        report.stop(f"no checkpoint at {checkpoint}",
+                    "Rank 0 saves after the epoch, in save_checkpoint, at the path the script passes it.")
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -479,7 +516,7 @@ def check_ddp_training(script, nproc: int = 2, train_samples: int = 60000) -> No
     keys = list(state["model"])
     if any(k.startswith("module.") for k in keys):
         report.stop("the checkpoint's model keys start with `module.`: they do not load into a plain MyModel",
-                    "Save the state_dict of the model inside the DDP wrapper, not of the wrapper.")
+                    "Save the state_dict of the model inside the DDP wrapper (`model`), not of the wrapper.")
     model = MyModel()
     try:
         model.load_state_dict(state["model"])
