@@ -1,20 +1,30 @@
-"""Where does the time of distributed MNIST training go? Five measurements, side by side, in one run.
+"""Where does the time of distributed MNIST training go? Five measurements of the lessons' own scripts, in one run.
 
     python benchmarks/bench.py --fast --out benchmarks/results/<machine>   # from the repository root
     python ../benchmarks/bench.py --fast                                   # from notebooks/ (lesson 07)
 
-1. data pipeline: the seed's torchvision MNIST + per-sample ToTensor (num_workers 0 and >0), the
-   lesson-02 TensorDataset loader, the whole dataset as tensors on the device, and compute only
-   (the same steps on batches sliced ahead, already in memory: the ceiling); samples/s and time per epoch.
-2. scaling: samples/s with 1 and 2 processes (1..N GPUs where present), efficiency T1/(N*TN), and
-   the share of a step spent in the gradient all-reduce, for MyModel and a timm resnet18.
-3. abstraction overhead: raw DDP vs Accelerate vs the Trainer (scripts/level_*.py), ratios to DDP.
-4. mixed precision: bf16 autocast vs fp32 on this device.
-5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell.
+Every launch runs a script exactly as a lesson's notebook cell writes it (read with
+``course_lib.scripts.script_cells``, written into a temporary folder, started with ``course_lib.torchrun``):
+lesson 07's ``runs/07_performance/train.py`` (lesson 02's train.py plus marked regions), lesson 06's
+``level_ddp.py``, ``level_accelerate.py`` and ``level_trainer.py``, and lesson 01's ``hello.py``.
 
-``--fast`` times a fixed number of steps and extrapolates to an epoch (marked ``"extrapolated": true``);
-without it whole epochs are timed. Writes ``bench.json`` (every figure) and ``bench.png`` into
-``--out`` (default: notebooks/runs/07_performance/, git-ignored).
+1. data pipeline: lesson 07's script on 1 process fed five ways: the seed's torchvision pipeline (per-sample
+   ToTensor, num_workers 0 and >0), lesson 02's TensorDataset loader, the whole split on the device, and
+   compute only (the epoch's batches sliced ahead: the ceiling); samples/s and time per epoch.
+2. scaling: 1 and 2 processes (1..N GPUs where present), efficiency T1/(N*TN), and the share of a step in
+   the gradient all-reduce (a timing communication hook; and the step without any all-reduce), for MyModel
+   and a timm resnet18.
+3. abstraction overhead: lesson 06's three levels (raw DDP, Accelerate, the Trainer), ratios to raw DDP.
+4. mixed precision: bf16 autocast vs fp32 on this device (lesson 07's --mixed-precision).
+5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell (lesson 01's hello.py).
+
+The load is checked first (and again at the end) and reported when the machine is busy. Each ratio is
+measured side by side in one run: its launches follow each other, ``--repeats`` rounds of them in
+alternating order; a figure is the median, with its range (over the rounds, or over the timed chunks of steps
+within a launch when there is one round). Timing starts after a few warm-up steps, so process start-up and
+imports are not counted. ``--fast`` times a fixed number of steps and extrapolates to an epoch (marked
+``"extrapolated": true``); without it MyModel's epochs are timed whole. Writes ``bench.json`` (every figure and
+every launch) and ``bench.png`` into ``--out`` (default: notebooks/runs/07_performance/, git-ignored).
 """
 from __future__ import annotations
 
@@ -24,301 +34,70 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
-
-import torch
-import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = HERE / "scripts"
-DEFAULT_OUT = HERE.parent / "notebooks" / "runs" / "07_performance"
-sys.path.insert(0, str(SCRIPTS))  # the level scripts' shared helpers (common.py)
-
-from common import build_model, time_steps  # noqa: E402
+ROOT = HERE.parent
+DEFAULT_OUT = ROOT / "notebooks" / "runs" / "07_performance"
+sys.path.insert(0, str(ROOT))  # course_lib from this checkout when run from a shell
 
 import course_lib  # noqa: E402
-from course_lib import devices, launch  # noqa: E402
-from course_lib.data import DEFAULT_ROOT  # noqa: E402
+from course_lib.scripts import script_cells  # noqa: E402
 
 SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch")
+
+#: Where each script the benchmark launches is written: (notebook, the path its %%write_script cell gives).
+SCRIPTS = {
+    "train": ("notebooks/07_performance.ipynb", "runs/07_performance/train.py"),
+    "level_ddp": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_ddp.py"),
+    "level_accelerate": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_accelerate.py"),
+    "level_trainer": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_trainer.py"),
+    "hello": ("notebooks/01_collectives.ipynb", "runs/01_collectives/hello.py"),
+}
 
 #: The targets on the 2-process CPU run: (figure, at most, what it compares).
 TARGETS = {
     "tensor_pipeline_vs_compute_only": (1.2, "lesson-02 TensorDataset loader epoch / compute-only epoch, 2 processes"),
-    "accelerate_vs_ddp": (1.10, "Accelerate epoch / raw DDP epoch, 2 processes"),
-    "trainer_vs_ddp": (1.30, "Trainer epoch / raw DDP epoch, 2 processes"),
+    "accelerate_vs_ddp": (1.10, "Accelerate epoch / raw DDP epoch (lesson 06's levels), 2 processes"),
+    "trainer_vs_ddp": (1.30, "Trainer epoch / raw DDP epoch (lesson 06's levels), 2 processes"),
     "course_lib_launch_vs_shell": (1.1, "course_lib.torchrun wall time / the same command from a shell"),
 }
 
 PIPELINES = ("seed_workers0", "seed_workers", "tensor_loader", "tensors_on_device", "compute_only")
-
-
-def settings(fast: bool, cuda: bool, steps: int | None = None, repeats: int | None = None) -> dict:
-    """Steps per measurement. Fast: a fixed number of steps, extrapolated; else whole epochs."""
-    small = steps or 30
-    return {
-        "fast": fast,
-        "batch": 128,
-        "mymodel": {"steps": small if fast else 0, "warmup": 5},
-        # A resnet18 step is ~0.5 s on one CPU core: a few steps show the trend.
-        "resnet18": {"steps": (20 if cuda else 2) if fast else (100 if cuda else 10), "warmup": 2 if cuda else 1,
-                     "batch": 128 if cuda else 32},
-        "pipeline": {"steps": small if fast else 0, "warmup": 3},
-        "mixed_precision": {"steps": small if fast else 200, "warmup": 3, "resnet_steps": 2 if fast else 10},
-        "launch_repeats": repeats or (2 if fast else 5),
-    }
+TRAIN_SAMPLES = 60_000
+BUSY_LOAD = 0.5  # a 1-minute load average above this many runnable processes per CPU: the machine is busy
 
 
 def log(message: str) -> None:
     print(message, flush=True)
 
 
-# --- 1. data pipeline ------------------------------------------------------------------------
-
-
-def _sgd_step(model, device):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-    def step(x, y):
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)).backward()
-        optimizer.step()
-
-    return step
-
-
-def _first_batch_s(batches) -> float:
-    start = time.perf_counter()
-    next(iter(batches()))
-    return time.perf_counter() - start
-
-
-def measure_pipeline(cfg: dict, device: torch.device, root=DEFAULT_ROOT) -> dict:
-    """The same MyModel training step fed five ways, in this process (one CPU thread, like one rank)."""
-    from torch.utils.data import DataLoader, TensorDataset
-
-    batch = cfg["batch"]
-    args = SimpleNamespace(epochs=1, **cfg["pipeline"])
-    seed_train, _ = course_lib.mnist_datasets(root)
-    X, y = course_lib.mnist_tensors(train=True, root=root)
-    per_epoch = math.ceil(len(X) / batch)
-    workers = min(4, max(1, devices.cpu_count()))  # the seed asked for 4
-    Xd, yd = X.to(device), y.to(device)
-
-    def on_device():
-        order = torch.randperm(len(Xd), device=device)
-        for i in range(0, len(Xd), batch):
-            index = order[i:i + batch]
-            yield Xd[index], yd[index]
-
-    # The ceiling: distinct batches sliced ahead of time, so no data work is left inside the timed loop.
-    # (Repeating one batch is no ceiling: the model fits it, its gradients shrink to denormal floats
-    # and CPU arithmetic on those is several times slower.)
-    order = torch.randperm(len(Xd), generator=torch.Generator().manual_seed(0)).to(device)
-    fixed = [(Xd[index], yd[index]) for index in order.split(batch)]
-    feeds = {
-        "seed_workers0": lambda: DataLoader(seed_train, batch_size=batch, shuffle=True, num_workers=0),
-        "seed_workers": lambda: DataLoader(seed_train, batch_size=batch, shuffle=True, num_workers=workers,
-                                           pin_memory=device.type == "cuda"),
-        "tensor_loader": lambda: DataLoader(TensorDataset(X, y), batch_size=batch, shuffle=True),
-        "tensors_on_device": on_device,
-        "compute_only": lambda: fixed,
-    }
-    described = {
-        "seed_workers0": "torchvision MNIST + ToTensor per sample, num_workers=0",
-        "seed_workers": f"torchvision MNIST + ToTensor per sample, num_workers={workers}",
-        "tensor_loader": "TensorDataset + DataLoader (lesson 02)",
-        "tensors_on_device": f"whole dataset as tensors on {device.type}, sliced by a random permutation",
-        "compute_only": "the epoch's batches sliced ahead, already in memory (the ceiling)",
-    }
-    results = {}
-    for name, feed in feeds.items():
-        torch.manual_seed(0)
-        model = course_lib.MyModel().to(device)
-        if name.startswith("seed_workers") and name != "seed_workers0":
-            loader = feed()  # one loader: its workers start once, as within one epoch
-            batches = lambda loader=loader: loader  # noqa: E731
-        else:
-            batches = feed
-        first = _first_batch_s(batches)
-        figures = time_steps(batches, _sgd_step(model, device), args, per_epoch, batch, device)
-        results[name] = {**figures, "first_batch_s": first, "what": described[name]}
-        log(f"  {name:18s} {figures['samples_per_s']:9.0f} samples/s, epoch {figures['epoch_s']:6.1f}s"
-            f"{' (extrapolated)' if figures['extrapolated'] else ''}")
-    ceiling = results["compute_only"]["epoch_s"]
-    for name in results:
-        results[name]["epoch_vs_compute_only"] = results[name]["epoch_s"] / ceiling
-    return {"device": str(device), "batch": batch, "threads": torch.get_num_threads(), "num_workers": workers,
-            "variants": results}
-
-
-# --- 2. and 3. launches ----------------------------------------------------------------------
-
-
-def _launch_level(level: str, nproc: int, out: Path, model: str, batch, steps, warmup, env=None) -> dict:
-    """Run benchmarks/scripts/level_<level>.py under course_lib.torchrun and read rank 0's JSON."""
-    name = f"{level}_{model.replace(',', '+')}_x{nproc}"
-    json_path = out / "levels" / f"{name}.json"
-    json_path.unlink(missing_ok=True)
-    args = ["--model", model, "--batch", batch, "--steps", steps, "--warmup", warmup, "--out", json_path]
-    # One thread per process at every process count: N processes are N workers of the same size
-    # (by default one process would get every core, and its threads fight any other load for them).
-    course_lib.torchrun(SCRIPTS / f"level_{level}.py", nproc=nproc, script_args=args,
-                        env={"OMP_NUM_THREADS": 1, **(env or {})},
-                        run_dir=out / "levels" / name, quiet=True, timeout=900)
-    return json.loads(json_path.read_text())
-
-
-def scaling_nprocs() -> list[int]:
-    gpus = devices.gpu_count()
-    if gpus < 2:
-        return [1, 2]  # on CPU processes (see measure_scaling)
-    counts = sorted({n for n in (1, 2, 4, 8) if n <= gpus} | {gpus})
-    return counts
-
-
-def measure_scaling(cfg: dict, out: Path) -> dict:
-    """level_ddp.py on 1..N processes (both models in one launch): throughput, efficiency, all-reduce share."""
-    models = ("mymodel", "resnet18")
-    # With one GPU, 1 process would use it and 2 would fall back to CPUs: compare like with like on CPUs.
-    hide_gpu = {"CUDA_VISIBLE_DEVICES": ""} if devices.gpu_count() == 1 else {}
-    if hide_gpu:
-        cfg = {**cfg, "resnet18": settings(cfg["fast"], cuda=False)["resnet18"]}
-    knobs = {m: {"batch": cfg[m].get("batch", cfg["batch"]), **cfg[m]} for m in models}
-    runs = {}
-    for n in scaling_nprocs():
-        joined = {key: ",".join(str(knobs[m][key]) for m in models) for key in ("batch", "steps", "warmup")}
-        launched = _launch_level("ddp", n, out, ",".join(models), env=hide_gpu, **joined)["models"]
-        for m in models:
-            runs.setdefault(m, {})[n] = launched[m]
-            log(f"  {m} x{n}: {launched[m]['loader']['samples_per_s']:.0f} samples/s")
-    results = {}
-    for model in models:
-        one, largest = runs[model][min(runs[model])], runs[model][max(runs[model])]
-        results[model] = {
-            "batch_per_rank": knobs[model]["batch"],
-            "device": one["device"].split(":")[0],
-            "grad_MB": one["grad_bytes"] / 1e6,
-            "per_nproc": {str(n): {"samples_per_s": r["loader"]["samples_per_s"],
-                                   "epoch_s": r["loader"]["epoch_s"],
-                                   "compute_only_samples_per_s": r["compute_only"]["samples_per_s"],
-                                   "step_ms": r["loader"]["step_s"] * 1e3,
-                                   "extrapolated": r["loader"]["extrapolated"],
-                                   "comm_share_hook": r["comm"]["share_hook"],
-                                   "comm_share_no_sync": r["comm"]["share_no_sync"],
-                                   "allreduce_ms_per_step": r["comm"]["allreduce_s_per_step"] * 1e3,
-                                   "backend": r["backend"]} for n, r in runs[model].items()},
-            # T1 / (N * TN) with T the time per epoch; the per-rank batch is fixed, so an epoch at N
-            # processes has 1/N of the steps: this equals samples/s at N over N times samples/s at 1.
-            "efficiency": {str(n): r["loader"]["samples_per_s"] / (n * one["loader"]["samples_per_s"])
-                           for n, r in runs[model].items()},
-            "comm_share_hook": largest["comm"]["share_hook"],
-            "comm_share_no_sync": largest["comm"]["share_no_sync"],
-            "allreduce_GB_per_s": largest["comm"]["allreduce_GB_per_s"],
-            "_ddp_runs": runs[model],
-        }
-    return results
-
-
-def measure_abstraction(cfg: dict, out: Path, ddp: dict, nproc: int) -> dict:
-    """Accelerate and the Trainer against the raw DDP run of the same settings (MyModel, nproc processes)."""
-    knobs = cfg["mymodel"]
-    levels = {"ddp": ddp}
-    for level in ("accelerate", "trainer"):
-        levels[level] = _launch_level(level, nproc, out, "mymodel", cfg["batch"], knobs["steps"], knobs["warmup"])
-        log(f"  {level}: epoch {levels[level]['loader']['epoch_s']:.1f}s")
-    base = ddp["loader"]["epoch_s"]
+def settings(fast: bool, cuda: bool, steps: int | None = None, repeats: int | None = None) -> dict:
+    """Steps per launch. Fast: ``warmup`` untimed steps, then ``steps`` timed ones; else whole epochs (MyModel)."""
     return {
-        "nproc": nproc,
-        "levels": {name: {"epoch_s": r["loader"]["epoch_s"], "samples_per_s": r["loader"]["samples_per_s"],
-                          "extrapolated": r["loader"]["extrapolated"], "steps_timed": r["loader"]["steps_timed"]}
-                   for name, r in levels.items()},
-        "ratio_to_ddp": {name: r["loader"]["epoch_s"] / base for name, r in levels.items()},
-        "ddp_pipeline": {"tensor_loader_epoch_s": ddp["loader"]["epoch_s"],
-                         "compute_only_epoch_s": ddp["compute_only"]["epoch_s"],
-                         "ratio": ddp["loader"]["epoch_s"] / ddp["compute_only"]["epoch_s"]},
+        "fast": fast,
+        "batch": 256,  # the course's batch per process (docs/conventions.md)
+        "rounds": repeats or (1 if fast else 3),
+        "mymodel": {"warmup": 5, "steps": (steps or 30) if fast else None, "log_every": 5 if fast else 20},
+        # A resnet18 step on one CPU core takes about as long as a whole MyModel epoch: a few steps show the trend.
+        "resnet18": {"warmup": 1, "steps": (20 if cuda else 3) if fast else (100 if cuda else 10),
+                     "log_every": 5 if cuda else 1, "batch": 128 if cuda else 32, "val_samples": 256},
+        # bf16 autocast on a CPU without bf16 units can be many times slower (convolutions' slow path):
+        # fixed steps in both modes, and a small resnet18 batch on CPUs.
+        "mixed_precision": {"mymodel": {"warmup": 5, "steps": (steps or 30) if fast else 60, "log_every": 5},
+                            "resnet18": {"warmup": 1, "steps": (20 if cuda else 2) if fast else (100 if cuda else 5),
+                                         "log_every": 5 if cuda else 1, "batch": 128 if cuda else 8,
+                                         "val_samples": 256}},
+        "launch_pairs": max(repeats or 0, 2 if fast else 5),
     }
 
 
-# --- 4. mixed precision ----------------------------------------------------------------------
-
-
-def measure_mixed_precision(cfg: dict, device: torch.device) -> dict:
-    """Compute-only steps in fp32 and under bf16 autocast, for MyModel and resnet18, on ``device``."""
-    knobs = cfg["mixed_precision"]
-    results = {}
-    for model_name, steps, batch in (("mymodel", knobs["steps"], cfg["batch"]),
-                                     ("resnet18", knobs["resnet_steps"], cfg["resnet18"]["batch"])):
-        args = SimpleNamespace(steps=steps, warmup=min(knobs["warmup"], steps, 1 if model_name == "resnet18" else 99),
-                               epochs=1)
-        x, y = torch.randn(batch, 1, 28, 28, device=device), torch.randint(0, 10, (batch,), device=device)
-        row = {}
-        for precision in ("fp32", "bf16"):
-            torch.manual_seed(0)
-            model = build_model(model_name).to(device)
-            step = _sgd_step(model, device)
-            if precision == "bf16":
-                plain = step
-
-                def step(x, y, plain=plain):
-                    with torch.autocast(device.type, dtype=torch.bfloat16):
-                        plain(x, y)
-
-            figures = time_steps(lambda: [(x, y)] * (steps + args.warmup), step, args, 1, batch, device)
-            row[precision] = {"step_ms": figures["step_s"] * 1e3, "samples_per_s": figures["samples_per_s"]}
-        row["bf16_speedup"] = row["fp32"]["step_ms"] / row["bf16"]["step_ms"]
-        results[model_name] = row
-        log(f"  {model_name}: fp32 {row['fp32']['step_ms']:.1f} ms/step, bf16 {row['bf16']['step_ms']:.1f} ms/step")
-    return {"device": str(device), "models": results}
-
-
-# --- 5. launch overhead ----------------------------------------------------------------------
-
-PROBE = '''"""The smallest distributed job: join a gloo group, meet at a barrier, leave.
-
-    torchrun --standalone --nproc-per-node 2 probe.py
-"""
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-dist.barrier()
-dist.destroy_process_group()
-'''
-
-
-def measure_launch(cfg: dict, out: Path, nproc: int = 2) -> dict:
-    """Wall time of course_lib.torchrun vs the very command it runs, started from a shell; alternating."""
-    probe_dir = out / "launch_probe"
-    probe_dir.mkdir(parents=True, exist_ok=True)
-    probe = probe_dir / "probe.py"
-    probe.write_text(PROBE)
-    library, shell = [], []
-    for i in range(cfg["launch_repeats"]):
-        for turn in (("lib", "shell") if i % 2 == 0 else ("shell", "lib")):
-            if turn == "lib":
-                start = time.perf_counter()
-                result = course_lib.torchrun(probe, nproc=nproc, quiet=True)
-                library.append(time.perf_counter() - start)
-                command = launch._display(result.command)
-            else:
-                # The very command course_lib runs (venv's torchrun by its full path, same flags).
-                shell_command = shlex.join(launch.torchrun_command(probe, nproc, log_dir=probe_dir / "logs"))
-                start = time.perf_counter()
-                subprocess.run(shell_command, shell=True, check=True, env=launch.launch_env(nproc),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                shell.append(time.perf_counter() - start)
-    # The fastest of each: the launch least disturbed by other programs on the machine.
-    ratio = min(library) / min(shell)
-    log(f"  course_lib {min(library):.2f}s vs shell {min(shell):.2f}s (fastest of {len(shell)}): x{ratio:.2f}")
-    return {"nproc": nproc, "repeats": cfg["launch_repeats"], "course_lib_s": library, "shell_s": shell,
-            "command": command, "shell_command": shell_command, "ratio": ratio}
-
-
-# --- the whole run ----------------------------------------------------------------------------
+# --- the machine and its load ------------------------------------------------------------------
 
 
 def _cpu_name() -> str:
@@ -332,13 +111,357 @@ def _cpu_name() -> str:
 
 
 def machine() -> dict:
-    gpus = devices.gpu_count()
-    return {
-        "platform": platform.platform(), "processor": _cpu_name(),
-        "cpu_count": os.cpu_count(), "load_average_at_start": list(os.getloadavg()),
-        "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
-        "python": platform.python_version(), "torch": torch.__version__,
+    import torch
+
+    gpus = course_lib.gpu_count()
+    return {"platform": platform.platform(), "processor": _cpu_name(), "cpu_count": os.cpu_count(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def check_load(when: str, ours_recently: bool = False) -> dict:
+    """The load average and the CPU time in use now (by other programs: ours are not running); ``busy`` when
+    timings will be disturbed. ``ours_recently``: our own launches just ran, so the load average counts them
+    and only the CPU time now says whether others are busy."""
+    import psutil
+
+    used = psutil.cpu_percent(interval=2.0)  # every program, over two seconds, while we run nothing
+    load = list(os.getloadavg())
+    cpus = os.cpu_count() or 1
+    busy = used > 100 * BUSY_LOAD or (not ours_recently and load[0] > BUSY_LOAD * cpus)
+    state = {"when": when, "load_average": load, "cpu_percent": used, "cpu_count": cpus, "busy": busy}
+    verdict = ("BUSY: other programs compete for the CPUs; timings are slower and noisier than on an idle "
+               "machine, so compare the ratios of this run, not its absolute times, with other runs") if busy else "idle"
+    log(f"load check ({when}): load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {cpus} CPUs, "
+        f"{used:.0f}% CPU in use: {verdict}")
+    return state
+
+
+# --- launches of the lessons' scripts ---------------------------------------------------------
+
+
+def lesson_scripts(folder: Path) -> dict:
+    """Write each script the benchmark launches, from its notebook cell, under ``folder``; {name: path}."""
+    written = {}
+    for name, (notebook, target) in SCRIPTS.items():
+        cells = {path: text for path, _, text in script_cells(ROOT / notebook)}
+        if target not in cells:
+            raise SystemExit(f"{notebook} has no cell `%%write_script {target}`; bench.py launches that script. "
+                             "Restore the cell or update SCRIPTS in benchmarks/bench.py.")
+        path = folder / target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(cells[target])
+        written[name] = path
+    return written
+
+
+def train_args(model: str, data: str, comm: str, cfg: dict, mixed_precision: str = "no",
+               num_workers: int = 0) -> list[str]:
+    """Lesson 07's flags for one launch, always in this order (equal launches are measured once per round)."""
+    knobs = cfg[model]
+    args = ["--model", model, "--data", data, "--comm", comm, "--batch-size", knobs.get("batch", cfg["batch"]),
+            "--log-every", knobs["log_every"]]
+    if num_workers:
+        args += ["--num-workers", num_workers]
+    if mixed_precision != "no":
+        args += ["--mixed-precision", mixed_precision]
+    if knobs["steps"]:
+        args += ["--max-steps", knobs["warmup"] + knobs["steps"]]
+    if knobs.get("val_samples"):
+        args += ["--val-samples", knobs["val_samples"]]
+    return [str(a) for a in args]
+
+
+def level_args(cfg: dict) -> list[str]:
+    knobs = cfg["mymodel"]
+    args = ["--epochs", 1, "--batch-size", cfg["batch"]]
+    if knobs["steps"]:
+        args += ["--max-steps", knobs["warmup"] + knobs["steps"]]
+    return [str(a) for a in args]
+
+
+def chunk_step_seconds(step_records: list[dict]) -> list[float]:
+    """Seconds per step between consecutive step records; the steps up to the first record are the warm-up."""
+    return [(b["seconds"] - a["seconds"]) / (b["step"] - a["step"])
+            for a, b in zip(step_records, step_records[1:]) if b["step"] > a["step"]]
+
+
+class Runner:
+    """Launches the lessons' scripts and keeps every launch's measurement, per configuration and round."""
+
+    def __init__(self, scripts: dict, folder: Path, runs: dict, rounds: int):
+        self.scripts, self.folder, self.runs, self.rounds = scripts, folder, runs, rounds
+
+    @staticmethod
+    def key(script: str, nproc: int, args: list[str], env: dict) -> str:
+        prefix = "".join(f"{k}={v} " for k, v in sorted(env.items()))
+        return f"{prefix}{script} x{nproc} {' '.join(args)}".strip()
+
+    def measure(self, configs: list[tuple[str, int, list[str], dict]]) -> list[str]:
+        """Launch each (script, nproc, args, env) once per round, alternating the order; return their keys."""
+        keys = [self.key(*config) for config in configs]
+        for round_ in range(self.rounds):
+            order = list(zip(keys, configs))
+            for key, config in (order if round_ % 2 == 0 else order[::-1]):
+                rounds = self.runs.setdefault(key, {"script": config[0], "nproc": config[1], "args": config[2],
+                                                    "env": config[3], "rounds": []})["rounds"]
+                if len(rounds) <= round_:  # measured already in this round by another section
+                    rounds.append(self.launch(*config))
+        return keys
+
+    def launch(self, script: str, nproc: int, args: list[str], env: dict) -> dict:
+        run_dir = self.folder / "launches" / f"{sum(len(r['rounds']) for r in self.runs.values()):03d}"
+        # One thread per process at every process count: N processes are N workers of the same size.
+        result = course_lib.torchrun(self.scripts[script], nproc=nproc, script_args=args,
+                                     env={"OMP_NUM_THREADS": 1, **env}, run_dir=run_dir, quiet=True, timeout=900)
+        epoch = result.events("epoch")[-1]
+        chunks = chunk_step_seconds(result.events("step"))
+        steps, train_seconds = epoch["steps"], epoch["train_seconds"]
+        step_s = statistics.median(chunks) if chunks else train_seconds / steps
+        return {"step_s": step_s, "chunk_step_s": chunks, "steps": steps, "train_seconds": train_seconds,
+                "first_batch_s": epoch.get("first_batch_seconds"), "backend": epoch.get("backend"),
+                "world_size": epoch.get("world_size"), "val_acc": epoch.get("val_acc"),
+                "val_count": epoch.get("val_count"),
+                "allreduce_s_per_step": epoch["allreduce_seconds"] / steps if "allreduce_seconds" in epoch else None,
+                "wall_s": result.duration}
+
+    def step_s(self, key: str) -> list[float]:
+        return [r["step_s"] for r in self.runs[key]["rounds"][:self.rounds]]
+
+    def value(self, key: str, name: str) -> list:
+        return [r[name] for r in self.runs[key]["rounds"][:self.rounds]]
+
+
+def spread(values: list[float], chunks: list[float] | None = None) -> dict:
+    """Median and range of a figure: over the rounds, or over one launch's chunks when there is one round."""
+    if len(values) == 1 and chunks and len(chunks) > 1:
+        return {"median": values[0], "min": min(chunks), "max": max(chunks), "over": f"{len(chunks)} chunks"}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "over": f"{len(values)} round{'s' * (len(values) != 1)}"}
+
+
+def ratio_spread(runner: Runner, top: str, bottom: str) -> dict:
+    """step(top) / step(bottom) per round (their launches side by side); median and range.
+
+    With one round, the range comes from the two launches' chunk ranges (slowest over fastest and back).
+    """
+    ratios = [a / b for a, b in zip(runner.step_s(top), runner.step_s(bottom))]
+    chunks_top, chunks_bottom = runner.value(top, "chunk_step_s")[0], runner.value(bottom, "chunk_step_s")[0]
+    if len(ratios) == 1 and len(chunks_top) > 1 and len(chunks_bottom) > 1:
+        return {"median": ratios[0], "min": min(chunks_top) / max(chunks_bottom),
+                "max": max(chunks_top) / min(chunks_bottom), "over": "chunks of 1 round"}
+    return spread(ratios)
+
+
+def share_spread(step_ratio: dict) -> dict:
+    """1 - (step without all-reduce / step with it), from that ratio's spread."""
+    return {"median": max(0.0, 1 - step_ratio["median"]), "min": max(0.0, 1 - step_ratio["max"]),
+            "max": max(0.0, 1 - step_ratio["min"]), "over": step_ratio["over"]}
+
+
+def steps_per_epoch(nproc: int, batch: int) -> int:
+    return math.ceil(math.ceil(TRAIN_SAMPLES / nproc) / batch)
+
+
+def throughput(runner: Runner, key: str, nproc: int, batch: int, extrapolated: bool) -> dict:
+    step_s = runner.step_s(key)
+    chunks = runner.value(key, "chunk_step_s")[0]
+    median = statistics.median(step_s)
+    return {"step_ms": median * 1e3, "step_ms_spread": {k: v * 1e3 if isinstance(v, float) else v
+                                                        for k, v in spread(step_s, chunks).items()},
+            "samples_per_s": nproc * batch / median, "epoch_s": median * steps_per_epoch(nproc, batch),
+            "steps_timed": len(chunks) or runner.value(key, "steps")[0], "extrapolated": extrapolated}
+
+
+# --- 1. data pipeline --------------------------------------------------------------------------
+
+
+def pipeline_configs(cfg: dict, workers: int) -> dict:
+    def args(data, num_workers=0):
+        return ("train", 1, train_args("mymodel", data, "hook", cfg, num_workers=num_workers), {})
+
+    return {"seed_workers0": args("torchvision"), "seed_workers": args("torchvision", workers),
+            "tensor_loader": args("tensors"), "tensors_on_device": args("device"), "compute_only": args("ahead")}
+
+
+def measure_pipeline(runner: Runner, cfg: dict) -> dict:
+    """Lesson 07's script on one process, the same training steps fed five ways."""
+    workers = min(4, max(1, course_lib.cpu_count()))  # the seed asked for 4
+    configs = pipeline_configs(cfg, workers)
+    keys = dict(zip(configs, runner.measure(list(configs.values()))))
+    device = "cuda" if runner.value(keys["compute_only"], "backend")[0] == "nccl" else "cpu"
+    described = {
+        "seed_workers0": "torchvision MNIST + ToTensor per sample, num_workers=0 (--data torchvision)",
+        "seed_workers": f"torchvision MNIST + ToTensor per sample, num_workers={workers}",
+        "tensor_loader": "TensorDataset + DataLoader (lesson 02, --data tensors)",
+        "tensors_on_device": f"whole split as tensors on {device}, sliced by the sampler's order (--data device)",
+        "compute_only": "the epoch's batches sliced ahead, already in memory: the ceiling (--data ahead)",
     }
+    variants = {}
+    for name, key in keys.items():
+        variants[name] = {**throughput(runner, key, 1, cfg["batch"], bool(cfg["mymodel"]["steps"])),
+                          "first_batch_s": statistics.median(runner.value(key, "first_batch_s")),
+                          "what": described[name], "launch": key}
+        variants[name]["epoch_vs_compute_only"] = ratio_spread(runner, key, keys["compute_only"])["median"]
+        variants[name]["epoch_vs_compute_only_spread"] = ratio_spread(runner, key, keys["compute_only"])
+        row = variants[name]
+        log(f"  {name:18s} {row['samples_per_s']:9.0f} samples/s, epoch {row['epoch_s']:6.1f}s"
+            f"{' (extrapolated)' if row['extrapolated'] else ''}, {row['epoch_vs_compute_only']:.2f}x compute only")
+    return {"device": device, "batch": cfg["batch"], "threads": 1, "num_workers": workers, "variants": variants}
+
+
+# --- 2. scaling --------------------------------------------------------------------------------
+
+
+def scaling_nprocs() -> list[int]:
+    gpus = course_lib.gpu_count()
+    if gpus < 2:
+        return [1, 2]  # on CPU processes (see measure_scaling)
+    return sorted({n for n in (1, 2, 4, 8) if n <= gpus} | {gpus})
+
+
+def grad_bytes(model: str) -> int:
+    import torch
+
+    if model == "resnet18":
+        import timm
+
+        network = timm.create_model("resnet18", pretrained=False, num_classes=10, in_chans=1)
+    else:
+        network = course_lib.MyModel()
+    return sum(p.numel() * p.element_size() for p in network.parameters() if p.requires_grad)
+
+
+def scaling_configs(cfg: dict, model: str, nproc: int, hide_gpu: dict) -> tuple:
+    return (("train", nproc, train_args(model, "tensors", "hook", cfg), hide_gpu),
+            ("train", nproc, train_args(model, "tensors", "none", cfg), hide_gpu))
+
+
+def measure_scaling(runner: Runner, cfg: dict, models=("mymodel", "resnet18")) -> dict:
+    """Lesson 07's script on 1..N processes: throughput, efficiency, all-reduce share (hook and no all-reduce)."""
+    # With one GPU, 1 process would use it and 2 would fall back to CPUs: compare like with like on CPUs.
+    hide_gpu = {"CUDA_VISIBLE_DEVICES": ""} if course_lib.gpu_count() == 1 else {}
+    if hide_gpu:
+        cfg = {**cfg, "resnet18": settings(cfg["fast"], cuda=False)["resnet18"]}
+    results = {}
+    for model in models:
+        batch = cfg[model].get("batch", cfg["batch"])
+        extrapolated = bool(cfg[model]["steps"])
+        per_nproc, keys = {}, {}
+        for n in scaling_nprocs():
+            hooked, none = runner.measure(list(scaling_configs(cfg, model, n, hide_gpu)))
+            keys[n] = hooked
+            row = throughput(runner, hooked, n, batch, extrapolated)
+            allreduce = [a for a in runner.value(hooked, "allreduce_s_per_step")]
+            share_hook = [a / s for a, s in zip(allreduce, runner.step_s(hooked))]
+            share_none = [max(0.0, 1 - a / b) for a, b in zip(runner.step_s(none), runner.step_s(hooked))]
+            per_nproc[str(n)] = {**row, "allreduce_ms_per_step": statistics.median(allreduce) * 1e3,
+                                 "comm_share_hook": statistics.median(share_hook),
+                                 "comm_share_no_sync": statistics.median(share_none),
+                                 "comm_share_no_sync_spread": share_spread(ratio_spread(runner, none, hooked)),
+                                 "backend": runner.value(hooked, "backend")[0], "launch": hooked, "launch_no_sync": none}
+            log(f"  {model} x{n}: {row['samples_per_s']:.0f} samples/s, all-reduce share "
+                f"{per_nproc[str(n)]['comm_share_hook']:.0%} (hook) / {per_nproc[str(n)]['comm_share_no_sync']:.0%} "
+                "(no all-reduce)")
+        one, largest = per_nproc[str(min(keys))], per_nproc[str(max(keys))]
+        size = grad_bytes(model)
+        results[model] = {
+            "batch_per_rank": batch, "device": "cuda" if one["backend"] == "nccl" else "cpu", "grad_MB": size / 1e6,
+            "per_nproc": per_nproc,
+            # T1 / (N * TN) with T the time per epoch; the per-rank batch is fixed, so an epoch at N
+            # processes has 1/N of the steps: this equals samples/s at N over N times samples/s at 1.
+            "efficiency": {n: row["samples_per_s"] / (int(n) * one["samples_per_s"]) for n, row in per_nproc.items()},
+            # the same figure as step time at the fewest processes over step time at n: its spread per round
+            "efficiency_spread": {n: ratio_spread(runner, keys[min(keys)], keys[int(n)]) for n in per_nproc},
+            "comm_share_hook": largest["comm_share_hook"], "comm_share_no_sync": largest["comm_share_no_sync"],
+            "allreduce_GB_per_s": (size / (largest["allreduce_ms_per_step"] / 1e3) / 1e9
+                                   if largest["allreduce_ms_per_step"] > 0 else None),
+        }
+    return results
+
+
+# --- 3. abstraction overhead -------------------------------------------------------------------
+
+
+def measure_abstraction(runner: Runner, cfg: dict, nproc: int) -> dict:
+    """Lesson 06's three levels on ``nproc`` processes, and lesson 07's loader vs compute only beside them."""
+    levels = {"ddp": "level_ddp", "accelerate": "level_accelerate", "trainer": "level_trainer"}
+    pair = {"tensor_loader": ("train", nproc, train_args("mymodel", "tensors", "hook", cfg), {}),
+            "compute_only": ("train", nproc, train_args("mymodel", "ahead", "hook", cfg), {})}
+    configs = [(script, nproc, level_args(cfg), {}) for script in levels.values()] + list(pair.values())
+    keys = runner.measure(configs)
+    level_keys, (loader, ceiling) = dict(zip(levels, keys[:3])), keys[3:]
+    extrapolated = bool(cfg["mymodel"]["steps"])
+    rows, ratios, ratio_ranges = {}, {}, {}
+    for name, key in level_keys.items():
+        rows[name] = {**throughput(runner, key, nproc, cfg["batch"], extrapolated),
+                      "backend": runner.value(key, "backend")[0], "launch": key}
+        ratio_ranges[name] = ratio_spread(runner, key, level_keys["ddp"])
+        ratios[name] = ratio_ranges[name]["median"]
+        log(f"  {name}: epoch {rows[name]['epoch_s']:.1f}s, {ratios[name]:.2f}x raw DDP "
+            f"(range {ratio_ranges[name]['min']:.2f}-{ratio_ranges[name]['max']:.2f})")
+    pipeline = ratio_spread(runner, loader, ceiling)
+    loader_row = throughput(runner, loader, nproc, cfg["batch"], extrapolated)
+    ceiling_row = throughput(runner, ceiling, nproc, cfg["batch"], extrapolated)
+    log(f"  lesson 07's loader vs compute only on {nproc} processes: {pipeline['median']:.2f}x")
+    return {"nproc": nproc, "levels": rows, "ratio_to_ddp": ratios, "ratio_spread": ratio_ranges,
+            "ddp_pipeline": {"tensor_loader_epoch_s": loader_row["epoch_s"], "compute_only_epoch_s": ceiling_row["epoch_s"],
+                             "ratio": pipeline["median"], "ratio_spread": pipeline, "launches": [loader, ceiling]}}
+
+
+# --- 4. mixed precision ------------------------------------------------------------------------
+
+
+def measure_mixed_precision(runner: Runner, cfg: dict) -> dict:
+    """Lesson 07's compute-only steps (--data ahead) in fp32 and under bf16 autocast, for both models, 1 process."""
+    results = {}
+    for model in ("mymodel", "resnet18"):
+        knobs = {**cfg, **cfg["mixed_precision"]}
+        fp32, bf16 = runner.measure([("train", 1, train_args(model, "ahead", "hook", knobs, precision), {})
+                                     for precision in ("no", "bf16")])
+        row = {"batch": knobs[model].get("batch", cfg["batch"]),
+               "fp32": {"step_ms": statistics.median(runner.step_s(fp32)) * 1e3, "launch": fp32},
+               "bf16": {"step_ms": statistics.median(runner.step_s(bf16)) * 1e3, "launch": bf16}}
+        speedup = ratio_spread(runner, fp32, bf16)
+        row.update(bf16_speedup=speedup["median"], bf16_speedup_spread=speedup)
+        results[model] = row
+        log(f"  {model}: fp32 {row['fp32']['step_ms']:.1f} ms/step, bf16 {row['bf16']['step_ms']:.1f} ms/step")
+    device = "cuda" if runner.value(fp32, "backend")[0] == "nccl" else "cpu"
+    return {"device": device, "models": results}
+
+
+# --- 5. launch overhead ------------------------------------------------------------------------
+
+
+def measure_launch(scripts: dict, folder: Path, pairs: int, nproc: int = 2) -> dict:
+    """Wall time of course_lib.torchrun vs the very command it prints, pasted into a shell; alternating."""
+    run_dir = folder / "launch_probe"
+    library, shell = [], []
+    for i in range(pairs):
+        for turn in (("lib", "shell") if i % 2 == 0 else ("shell", "lib")):
+            if turn == "lib":
+                start = time.perf_counter()
+                result = course_lib.torchrun(scripts["hello"], nproc=nproc, run_dir=run_dir,
+                                             env={"OMP_NUM_THREADS": 1}, quiet=True)
+                library.append(time.perf_counter() - start)
+                command = result.command_line  # as printed: `torchrun`, not the venv's full path
+                # The same line with the venv's torchrun by its full path (pair 0 starts with course_lib).
+                shell_command = ("".join(f"{k}={shlex.quote(str(v))} " for k, v in result.spec.env.items())
+                                 + shlex.join(result.command))
+            else:
+                start = time.perf_counter()
+                subprocess.run(shell_command, shell=True, check=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+                shell.append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(library, shell)]
+    ratio = spread(ratios)
+    log(f"  course_lib median {statistics.median(library):.2f}s vs shell {statistics.median(shell):.2f}s "
+        f"({pairs} pairs): {ratio['median']:.2f}x (range {ratio['min']:.2f}-{ratio['max']:.2f})")
+    return {"nproc": nproc, "repeats": pairs, "course_lib_s": library, "shell_s": shell, "command": command,
+            "shell_command": shell_command, "ratio": ratio["median"], "ratio_spread": ratio}
+
+
+# --- the whole run -----------------------------------------------------------------------------
 
 
 def target_table(result: dict) -> dict:
@@ -354,61 +477,69 @@ def target_table(result: dict) -> dict:
 
 
 def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS, steps: int | None = None,
-        repeats: int | None = None, plot: bool = True) -> dict:
-    """Run the chosen sections and write ``bench.json`` (and ``bench.png``) into ``out``; return the result."""
+        repeats: int | None = None, plot: bool = True, previous: dict | None = None,
+        models=("mymodel", "resnet18")) -> dict:
+    """Run the chosen sections and write ``bench.json`` (and ``bench.png``) into ``out``; return the result.
+
+    ``previous``: the result of an earlier call with the same settings (a notebook runs one section per cell);
+    its sections and launches are kept, and a launch it already measured is not repeated. ``models``: the
+    models of the scaling section (a notebook may run them in two cells).
+    """
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     out = Path(out or DEFAULT_OUT).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    course_lib.prepare_mnist(DEFAULT_ROOT, verbose=False)
-    device = torch.device("cuda:0" if devices.gpu_count() else "cpu")
-    cfg = settings(fast, device.type == "cuda", steps, repeats)
-    nproc = nproc or (devices.gpu_count() or 2)
-    result = {"machine": machine(), "settings": cfg, "nproc": nproc,
-              "note": "fast: a fixed number of steps per measurement, epoch times extrapolated" if fast
-              else "whole epochs timed"}
+    course_lib.prepare_mnist(verbose=False)  # once, before any launch (the scripts check it again)
+    cuda = course_lib.gpu_count() > 0
+    cfg = settings(fast, cuda, steps, repeats)
+    nproc = nproc or (course_lib.gpu_count() or 2)
+    result = previous or {"machine": machine(), "settings": cfg, "nproc": nproc, "runs": {}, "load": [],
+                          "note": ("fast: a fixed number of steps per launch, epoch times extrapolated" if fast
+                                   else "MyModel: whole epochs timed")}
+    if previous and (previous["settings"] != cfg or previous["nproc"] != nproc):
+        raise ValueError("previous= holds a run with other settings; start a new one (previous=None)")
+    result["load"].append(check_load("start", ours_recently=bool(result["load"])))
+    result["machine"]["busy"] = any(state["busy"] for state in result["load"])
     started = time.perf_counter()
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # in-process measurements behave like one rank (OMP_NUM_THREADS=1)
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        folder = Path(tmp)
+        scripts = lesson_scripts(folder / "notebooks")
+        result["scripts"] = {name: f"{notebook}: %%write_script {target}" for name, (notebook, target) in SCRIPTS.items()}
+        runner = Runner(scripts, folder, result["runs"], cfg["rounds"])
+        steps_note = (f"{cfg['mymodel']['warmup']} warm-up + {cfg['mymodel']['steps']} timed steps"
+                      if cfg["mymodel"]["steps"] else "whole epochs")
         if "pipeline" in sections:
-            log("[1/5] data pipeline (in this process)")
-            result["pipeline"] = measure_pipeline(cfg, device)
+            log(f"[1/5] data pipeline: lesson 07's train.py, 1 process, {steps_note}")
+            result["pipeline"] = measure_pipeline(runner, cfg)
+        if "scaling" in sections:
+            log(f"[2/5] scaling: lesson 07's train.py ({', '.join(models)}) on {', '.join(map(str, scaling_nprocs()))} "
+                "processes")
+            result["scaling"] = {**result.get("scaling", {}), **measure_scaling(runner, cfg, models)}
+        if "abstraction" in sections:
+            log(f"[3/5] abstraction levels: lesson 06's level scripts on {nproc} processes")
+            result["abstraction"] = measure_abstraction(runner, cfg, nproc)
         if "mixed_precision" in sections:
-            log("[4/5] mixed precision (in this process)")
-            result["mixed_precision"] = measure_mixed_precision(cfg, device)
-    finally:
-        torch.set_num_threads(threads)
-    ddp_runs = None
-    if "scaling" in sections:
-        log("[2/5] scaling (level_ddp.py on 1..N processes)")
-        result["scaling"] = measure_scaling(cfg, out)
-        ddp_runs = result["scaling"]["mymodel"].pop("_ddp_runs")
-        result["scaling"]["resnet18"].pop("_ddp_runs")
-    if "abstraction" in sections:
-        log(f"[3/5] abstraction levels on {nproc} processes")
-        if ddp_runs is None or nproc not in ddp_runs or result["scaling"]["mymodel"]["device"] != device.type:
-            knobs = cfg["mymodel"]
-            ddp = _launch_level("ddp", nproc, out, "mymodel", cfg["batch"], knobs["steps"], knobs["warmup"])
-            ddp = ddp["models"]["mymodel"]
-        else:
-            ddp = ddp_runs[nproc]
-        result["abstraction"] = measure_abstraction(cfg, out, ddp, nproc)
-    if "launch" in sections:
-        log("[5/5] launch overhead")
-        result["launch"] = measure_launch(cfg, out, nproc=2)
+            log("[4/5] mixed precision: lesson 07's train.py --mixed-precision bf16 vs fp32, 1 process")
+            result["mixed_precision"] = measure_mixed_precision(runner, cfg)
+        if "launch" in sections:
+            log("[5/5] launch overhead: lesson 01's hello.py, course_lib.torchrun vs the shell")
+            result["launch"] = measure_launch(scripts, folder, cfg["launch_pairs"])
+    result["load"].append(check_load("end", ours_recently=True))
+    result["machine"]["busy"] = any(state["busy"] for state in result["load"])
     result["targets"] = target_table(result)
-    result["seconds"] = time.perf_counter() - started
+    result["seconds"] = result.get("seconds", 0) + time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     if plot:
         import matplotlib.pyplot as plt
 
         plt.close(plot_result(result, out / "bench.png"))  # saved; a notebook draws its own plots
     log(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if plot else "")
-        + f" in {result['seconds']:.0f}s")
+        + f" in {time.perf_counter() - started:.0f}s")
     return result
 
 
-# --- what a complete result holds ---------------------------------------------------------------
+# --- what a complete result holds --------------------------------------------------------------
 
 
 def required_figures(result: dict) -> dict:
@@ -439,11 +570,16 @@ def required_figures(result: dict) -> dict:
     return figures
 
 
-# --- plots ----------------------------------------------------------------------------------------
+# --- plots -------------------------------------------------------------------------------------
+
+
+def _error(spread_: dict, median: float | None = None) -> list[float]:
+    median = spread_["median"] if median is None else median
+    return [max(0.0, median - spread_["min"]), max(0.0, spread_["max"] - median)]
 
 
 def plot_result(result: dict, path=None):
-    """One figure, a panel per question; saved to ``path`` when given. Returns the figure."""
+    """One figure, a panel per question, ranges as error bars; saved to ``path`` when given. Returns the figure."""
     import matplotlib
 
     if path is not None and "ipykernel" not in sys.modules:
@@ -455,15 +591,18 @@ def plot_result(result: dict, path=None):
     if "pipeline" in result:
         variants = result["pipeline"]["variants"]
         names = list(variants)
-        pipe_ax.barh(names, [variants[n]["samples_per_s"] for n in names],
+        pipe_ax.barh(names, [variants[n]["epoch_vs_compute_only"] for n in names],
+                     xerr=list(zip(*[_error(variants[n]["epoch_vs_compute_only_spread"]) for n in names])),
                      color=["tab:red", "tab:orange", "tab:blue", "tab:cyan", "tab:gray"][:len(names)])
-        pipe_ax.set_xlabel("samples/s (one process)")
+        pipe_ax.set_xlabel("epoch time / compute only (one process)")
         pipe_ax.set_title("1. data pipeline, same training step")
         pipe_ax.invert_yaxis()
     if "scaling" in result:
         for model, row in result["scaling"].items():
             ns = [int(n) for n in row["per_nproc"]]
-            scale_ax.plot(ns, [row["efficiency"][str(n)] * n for n in ns], marker="o", label=model)
+            scale_ax.errorbar(ns, [row["efficiency"][str(n)] * n for n in ns], marker="o", label=model, capsize=3,
+                              yerr=list(zip(*[[e * n for e in _error(row["efficiency_spread"][str(n)],
+                                                                     row["efficiency"][str(n)])] for n in ns])))
         ns = [int(n) for n in next(iter(result["scaling"].values()))["per_nproc"]]
         scale_ax.plot(ns, ns, "k--", alpha=0.4, label="ideal")
         scale_ax.set_xlabel("processes")
@@ -476,14 +615,15 @@ def plot_result(result: dict, path=None):
         comm_ax.bar([x - width / 2 for x in xs], [result["scaling"][m]["comm_share_hook"] for m in models], width,
                     label="all-reduce time / step (hook)")
         comm_ax.bar([x + width / 2 for x in xs], [result["scaling"][m]["comm_share_no_sync"] for m in models], width,
-                    label="1 - no_sync step / step")
+                    label="1 - step without all-reduce / step")
         comm_ax.set_xticks(list(xs), [f"{m}\n{result['scaling'][m]['grad_MB']:.1f} MB grads" for m in models])
-        comm_ax.set_ylabel("share of a step")
+        comm_ax.set_ylabel("share of a step (largest process count)")
         comm_ax.set_title("2. gradient all-reduce share")
         comm_ax.legend(fontsize=8)
     if "abstraction" in result:
-        ratios = result["abstraction"]["ratio_to_ddp"]
-        level_ax.bar(list(ratios), list(ratios.values()), color=["tab:gray", "tab:blue", "tab:purple"])
+        ratios, ranges = result["abstraction"]["ratio_to_ddp"], result["abstraction"]["ratio_spread"]
+        level_ax.bar(list(ratios), list(ratios.values()), color=["tab:gray", "tab:blue", "tab:purple"],
+                     yerr=list(zip(*[_error(ranges[n]) for n in ratios])), capsize=4)
         for name, (target, _) in TARGETS.items():
             if name in ("accelerate_vs_ddp", "trainer_vs_ddp"):
                 x = 1 if name.startswith("accelerate") else 2
@@ -492,7 +632,8 @@ def plot_result(result: dict, path=None):
         level_ax.set_title("3. abstraction overhead (dashed: target)")
     if "mixed_precision" in result:
         models = result["mixed_precision"]["models"]
-        mp_ax.bar(list(models), [row["bf16_speedup"] for row in models.values()], color="tab:green")
+        mp_ax.bar(list(models), [row["bf16_speedup"] for row in models.values()], color="tab:green",
+                  yerr=list(zip(*[_error(row["bf16_speedup_spread"]) for row in models.values()])), capsize=4)
         mp_ax.axhline(1.0, color="k", alpha=0.4)
         mp_ax.set_ylabel("fp32 step time / bf16 step time")
         mp_ax.set_title(f"4. bf16 autocast on {result['mixed_precision']['device']}")
@@ -504,8 +645,11 @@ def plot_result(result: dict, path=None):
     target_ax.set_xlabel("measured / target (left of the line: met)")
     target_ax.set_title("targets (incl. 5. launch overhead)")
     target_ax.invert_yaxis()
+    load = result["load"][0]
     fig.suptitle(f"{result['machine']['processor']}, {result['machine']['cpu_count']} CPUs, "
-                 f"GPUs: {', '.join(result['machine']['gpus']) or 'none'}; {result['note']}", fontsize=10)
+                 f"GPUs: {', '.join(result['machine']['gpus']) or 'none'}; {result['note']}; "
+                 f"load {load['load_average'][0]:.1f} at start{' (BUSY)' if result['machine']['busy'] else ''}",
+                 fontsize=10)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=90)
@@ -518,8 +662,9 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="folder for bench.json and bench.png")
     p.add_argument("--nproc", type=int, default=None, help="processes for the abstraction levels (default: GPUs, else 2)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--steps", type=int, default=None, help="timed steps of MyModel measurements in fast mode")
-    p.add_argument("--repeats", type=int, default=None, help="launches per side for the launch overhead")
+    p.add_argument("--steps", type=int, default=None, help="timed MyModel steps per launch in fast mode (default 30)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="rounds of every launch (default: 1 fast, 3 otherwise); also the launch-overhead pairs (at least 2)")
     args = p.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
@@ -530,6 +675,9 @@ def main(argv=None) -> dict:
     for name, row in result["targets"].items():
         if row["measured"] is not None:
             log(f"{name:32s} {row['measured']:.2f} (target <= {row['target']}) {'met' if row['met'] else 'NOT met'}")
+    if result["machine"]["busy"]:
+        log("The machine was busy during this run (see the load checks above): the figures are slower and noisier "
+            "than on an idle machine.")
     return result
 
 
