@@ -131,21 +131,14 @@ def environment_report() -> list[tuple[str, str]]:
     return rows
 
 
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
 def doctor() -> None:
     """Show what this machine offers for distributed training (HTML in Jupyter, text elsewhere)."""
     rows = environment_report()
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    if _in_notebook():
+    from .scripts import in_notebook
+
+    if in_notebook():
         from html import escape
 
         from IPython.display import HTML, display

@@ -30,6 +30,8 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISES
+from .notebooks import fast_parameters, inject_parameters
+from .processes import stop_tree
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 NOT_ATTEMPTED_ERRORS = {"NotImplementedError", "NotAttempted"}
@@ -79,16 +81,6 @@ def _cap(text: str, limit: int = MESSAGE_LIMIT) -> str:
 # --- preparing a submission ----------------------------------------------------------------------
 
 
-def _inject_fast_parameters(nb) -> None:
-    """The notebook's own fast settings, in a cell after its ``parameters`` cell (as the tests do)."""
-    params = nb.metadata.get("course", {}).get("fast_parameters", {})
-    index = next((i for i, c in enumerate(nb.cells)
-                  if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])), None)
-    if params and index is not None:
-        source = "# Injected by the grader: fast settings\n" + "\n".join(f"{k} = {v!r}" for k, v in params.items())
-        nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]}))
-
-
 def prepare(submission: Path, source_dir: Path | None = EXERCISES):
     """The notebook to run and the task ids to grade (the released exercise's, when there is one)."""
     nb = nbformat.read(submission, as_version=4)
@@ -108,34 +100,11 @@ def prepare(submission: Path, source_dir: Path | None = EXERCISES):
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    _inject_fast_parameters(nb)
-    return nb, tasks
+    # The notebook's own fast settings, injected the way the tests inject them.
+    return inject_parameters(nb, fast_parameters(nb), by="the grader", missing_ok=True), tasks
 
 
 # --- the worker: runs one notebook, reports each cell as it finishes -----------------------------
-
-
-def _kill_tree(pid: int, grace: float = 3.0) -> None:
-    """End ``pid`` and all its descendants, collected first so that none escapes by reparenting."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        family = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for p in family:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(family, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
 
 
 def _cell_record(index: int, cell, reply: dict | None, seconds: float, cell_timeout: float) -> dict:
@@ -191,7 +160,7 @@ def run_worker(notebook: Path, results: Path, cell_timeout: float) -> int:
 
                 try:
                     for child in psutil.Process(kernel_pid).children(recursive=True):
-                        _kill_tree(child.pid, grace=1.0)
+                        stop_tree(child.pid, grace=1.0)
                 except psutil.NoSuchProcess:
                     pass
     return 0
@@ -279,7 +248,7 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
                 why = f"the grading worker exited with code {worker.returncode}"
         except subprocess.TimeoutExpired:
             why = f"the notebook ran longer than {timeout:.0f}s in total and was stopped"
-            _kill_tree(worker.pid)
+            stop_tree(worker.pid, grace=3.0)
             worker.wait()
         finally:
             log.close()

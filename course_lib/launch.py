@@ -1,9 +1,11 @@
 """Launch a training script on real processes from a notebook cell, and get a result back.
 
-Defined for lesson 00. ``torchrun(...)`` and ``accelerate_launch(...)`` build the command, print it
-so it can be pasted into a shell, run it in its own process session, stream every rank's output
-into the cell prefixed by rank, and return a ``RunResult``. A failing rank raises ``LaunchError``
-with that rank's own traceback; Stop (KeyboardInterrupt) or a timeout ends every process of the run.
+Defined for lesson 00. ``torchrun(...)`` and ``accelerate_launch(...)`` describe the launch once as a
+``LaunchSpec`` (command, the environment it adds, run and log folders, nodes, restarts), print it so it can
+be pasted into a shell, run it in its own process session, stream every rank's output into the cell
+prefixed by rank, and return a ``RunResult`` that keeps the spec. What each rank printed is read back from
+torchrun's per-rank log files (``rank_logs``). A failing rank raises ``LaunchError`` with that rank's own
+traceback; Stop (KeyboardInterrupt) or a timeout ends every process of the run.
 """
 from __future__ import annotations
 
@@ -14,18 +16,15 @@ import re
 import shlex
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
-from .errors import LaunchError, LaunchTimeout
 from .devices import choose_backend, cpu_count, gpu_count, resolve_nproc
+from .errors import LaunchError, LaunchTimeout
 from .metrics import METRICS_FILE, read_metrics
+from .processes import start, stop_tree
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 #: torchrun's prefix for tee'd worker output; ``${rank}`` is the global rank.
@@ -33,20 +32,63 @@ PREFIX_TEMPLATE = "[rank${rank}]: "
 
 
 @dataclass
-class RunResult:
-    """What a launch produced: exit code, duration, each rank's output and the run's metrics."""
+class LaunchSpec:
+    """One launch, described once: what runs, what it adds to the environment, where its output goes.
 
-    command: list[str]
+    ``env`` is applied on top of this process's environment AND printed in front of the command, so the
+    printed line pasted into a shell is the same launch. ``log_dir`` is torchrun's ``--log-dir`` (each
+    rank's stdout/stderr files); ``nproc`` is processes per node; ``epochs`` is what the progress shows.
+    """
+
+    argv: list[str]
+    run_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    nproc: int = 1
+    nnodes: str = "1"
+    max_restarts: int = 0
+    epochs: int | None = None
+
+    @property
+    def command_line(self) -> str:
+        """The command as a person would type it (``torchrun`` rather than the venv's full path)."""
+        return display_command(self.argv, self.env)
+
+    def process_env(self, base: dict | None = None) -> dict:
+        """The launched process's environment: ``base`` (default: ours), unbuffered output, then ``env``."""
+        merged = dict(os.environ if base is None else base)
+        merged["PYTHONUNBUFFERED"] = "1"  # each print reaches the cell when it happens (a shell needs no such thing)
+        merged.update(self.env)
+        return merged
+
+
+@dataclass
+class RunResult:
+    """What a launch produced: its spec, exit code, duration, each rank's output and the run's metrics."""
+
+    spec: LaunchSpec
     returncode: int
     duration: float
-    run_dir: Path
     outputs: dict[int, str] = field(default_factory=dict)
     launcher_output: str = ""
     metrics: list[dict] = field(default_factory=list)
+    log_folder: Path | None = None  # this launch's own folder of per-rank logs, inside ``spec.log_dir``
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+    @property
+    def command(self) -> list[str]:
+        return self.spec.argv
+
+    @property
+    def command_line(self) -> str:
+        return self.spec.command_line
+
+    @property
+    def run_dir(self) -> Path:
+        return self.spec.run_dir
 
     def events(self, event: str) -> list[dict]:
         return [m for m in self.metrics if m.get("event") == event]
@@ -69,14 +111,36 @@ def _venv_tool(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def launch_env(nproc_per_node: int, env: dict | None = None) -> dict:
-    """The environment a launch gets: ours, unbuffered output, a sensible OMP_NUM_THREADS, ``env`` on top."""
-    merged = dict(os.environ)
-    merged["PYTHONUNBUFFERED"] = "1"  # each print reaches the cell when it happens
-    # torchrun would set 1 anyway (with a warning); sharing the cores evenly is the intent.
-    merged.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // max(1, nproc_per_node))))
-    merged.update({k: str(v) for k, v in (env or {}).items()})
-    return merged
+def display_command(argv: list[str], env: dict | None = None) -> str:
+    """``argv`` as a shell line, ``env`` in front, the venv's tools by their short name."""
+    shown = [Path(argv[0]).name if Path(argv[0]).parent == Path(sys.executable).parent else argv[0]] + list(argv[1:])
+    prefix = "".join(f"{k}={shlex.quote(str(v))} " for k, v in (env or {}).items())
+    return prefix + shlex.join(str(a) for a in shown)
+
+
+_display = display_command  # the old private name, still used by benchmarks/bench.py
+
+
+def launch_environment(processes: int, max_restarts: int = 0, env: dict | None = None) -> dict[str, str]:
+    """Every environment variable a launch sets, decided here and nowhere else; all of them are printed.
+
+    ``processes``: how many processes share this machine's cores. ``env``: the caller's own, on top.
+    """
+    needed = {}
+    if "OMP_NUM_THREADS" not in os.environ:
+        # torchrun would set 1 (with a warning); sharing the cores evenly is the intent.
+        needed["OMP_NUM_THREADS"] = str(max(1, cpu_count() // max(1, processes)))
+    if max_restarts:
+        # With the agent's rendezvous store shared with the workers (torch's default), restart rounds
+        # here often fail with "Gloo connectFullMesh failed" and use up --max-restarts (lesson 04).
+        needed["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    needed.update({k: str(v) for k, v in (env or {}).items()})
+    return needed
+
+
+def launch_env(nproc_per_node: int, env: dict | None = None, max_restarts: int = 0) -> dict:
+    """The whole environment of a launch (ours plus ``launch_environment``), for building a command by hand."""
+    return LaunchSpec([], Path("."), launch_environment(nproc_per_node, max_restarts, env)).process_env()
 
 
 def torchrun_command(script, nproc=None, nnodes="1", script_args=(), max_restarts=0,
@@ -103,25 +167,8 @@ def torchrun_command(script, nproc=None, nnodes="1", script_args=(), max_restart
     return cmd
 
 
-def _display(cmd: list[str], shown_env: dict | None = None) -> str:
-    """The command as a person would type it: ``torchrun`` rather than the venv's full path."""
-    shown = [Path(cmd[0]).name if Path(cmd[0]).parent == Path(sys.executable).parent else cmd[0]] + cmd[1:]
-    prefix = "".join(f"{k}={shlex.quote(str(v))} " for k, v in (shown_env or {}).items())
-    return prefix + shlex.join(shown)
-
-
-def _prepare(script, nproc, script_args, run_dir) -> tuple[Path, int, list[str], Path]:
-    """Checked script, process count and run folder; an explicit ``run_dir`` is passed on as ``--run-dir``."""
-    script = _check_script(script)
-    script_args = [str(a) for a in script_args]
-    if run_dir is None:
-        run_dir = script.parent  # scripts default their --run-dir to their own folder
-    else:
-        script_args += ["--run-dir", str(run_dir)]
-    return script, resolve_nproc(nproc), script_args, Path(run_dir)
-
-
-def _check_script(script) -> Path:
+def check_script(script) -> Path:
+    """``script`` as a path, or FileNotFoundError naming the cell that writes it."""
     path = Path(script)
     if not path.is_file():
         raise FileNotFoundError(
@@ -131,40 +178,42 @@ def _check_script(script) -> Path:
     return path
 
 
+def script_arguments(script_args=(), run_dir=None, epochs=None) -> list[str]:
+    """The script's own arguments: ``script_args``, then ``--run-dir`` and ``--epochs`` when they are given."""
+    args = [str(a) for a in script_args]
+    if run_dir is not None:
+        args += ["--run-dir", str(run_dir)]
+    if epochs is not None:
+        args += ["--epochs", str(int(epochs))]
+    return args
+
+
+def default_run_dir(script: Path, run_dir=None) -> Path:
+    """Where a run's metrics and logs go: ``run_dir``, else the script's folder (scripts default --run-dir to it)."""
+    return Path(run_dir) if run_dir is not None else Path(script).parent
+
+
 def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restarts=0, timeout=None,
-             run_dir=None, backend=None, quiet=False, check=True, extra_args=(), progress=False) -> RunResult:
+             run_dir=None, backend=None, quiet=False, check=True, extra_args=(), progress=False,
+             epochs=None) -> RunResult:
     """Run ``script`` under torchrun on ``nproc`` processes (default: one per GPU, else 2).
 
     ``run_dir``: where the run's metrics/logs go; given explicitly, it is also passed to the script as
-    ``--run-dir``; by default it is the script's folder. ``backend="nccl"`` checks there are enough
-    GPUs first. ``check=False`` returns a failed result instead of raising. ``progress=True`` shows
-    one compact line per epoch (from the run's metrics) instead of every rank's output.
+    ``--run-dir``; by default it is the script's folder. ``epochs``: passed as ``--epochs`` and shown by
+    the progress line. ``env``: added to the environment and printed with the command. ``backend="nccl"``
+    checks there are enough GPUs first. ``check=False`` returns a failed result instead of raising.
+    ``progress=True`` shows one compact line per epoch (from the run's metrics) instead of every rank's output.
     """
-    script, nproc, script_args, run_dir = _prepare(script, nproc, script_args, run_dir)
+    script, nproc = check_script(script), resolve_nproc(nproc)
     if backend is not None:
         choose_backend(nproc, requested=backend)  # raises with the fix if it cannot work
-    cmd = torchrun_command(script, nproc, nnodes, script_args, max_restarts,
-                           log_dir=run_dir / "logs", extra_args=extra_args)
-    shown = {"ACCELERATE_USE_CPU": "1"} if _accelerate_needs_cpu(script, nproc) else {}
-    if max_restarts:
-        # With the agent's rendezvous store shared with the workers (torch's default), restart rounds
-        # here often fail with "Gloo connectFullMesh failed" and use up --max-restarts (lesson 04).
-        shown["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
-                       quiet=quiet, check=check, shown_env=shown, progress=progress)
-
-
-def _accelerate_needs_cpu(script: Path, nproc: int) -> bool:
-    """An Accelerate/Trainer script needs ACCELERATE_USE_CPU=1 when not every rank has a GPU.
-
-    Without GPUs, ``Accelerator()`` under torchrun reports one process per rank and each rank
-    trains alone on the whole dataset, silently; with fewer GPUs than ranks, a rank would pick a
-    ``cuda:N`` that does not exist.
-    """
-    if gpu_count() >= nproc:
-        return False
-    text = script.read_text(errors="replace")
-    return bool(re.search(r"^\s*(from|import)\s+(accelerate|transformers)\b", text, re.M))
+    folder = default_run_dir(script, run_dir)
+    argv = torchrun_command(script, nproc, nnodes, script_arguments(script_args, run_dir, epochs), max_restarts,
+                            log_dir=folder / "logs", extra_args=extra_args)
+    spec = LaunchSpec(argv, folder, launch_environment(nproc, max_restarts, env),
+                      log_dir=folder / "logs", nproc=nproc, nnodes=str(nnodes), max_restarts=max_restarts,
+                      epochs=epochs)
+    return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress)
 
 
 def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
@@ -195,105 +244,74 @@ def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no",
 
 def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
                       cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True,
-                      progress=False) -> RunResult:
-    """Run ``script`` with ``accelerate launch``; ``cpu`` (default: fewer GPUs than processes) adds ACCELERATE_USE_CPU=1."""
-    script, nproc, script_args, run_dir = _prepare(script, nproc, script_args, run_dir)
-    cmd = accelerate_command(script, nproc, script_args, mixed_precision, config_file, log_dir=run_dir / "logs")
+                      progress=False, epochs=None) -> RunResult:
+    """Run ``script`` with ``accelerate launch``; ``cpu`` (default: fewer GPUs than processes) adds ACCELERATE_USE_CPU=1.
+
+    That is the launcher's own choice (``accelerate launch --multi_gpu`` on CPU needs it), printed with the
+    command; ``torchrun(...)`` adds nothing of the kind: there a script asks for CPU itself.
+    """
+    script, nproc = check_script(script), resolve_nproc(nproc)
+    folder = default_run_dir(script, run_dir)
+    argv = accelerate_command(script, nproc, script_args=script_arguments(script_args, run_dir, epochs),
+                              mixed_precision=mixed_precision, config_file=config_file, log_dir=folder / "logs")
     use_cpu = gpu_count() < nproc if cpu is None else cpu
-    shown = {"ACCELERATE_USE_CPU": "1"} if use_cpu else {}
-    return run_command(cmd, run_dir, env=launch_env(nproc, {**shown, **(env or {})}), timeout=timeout,
-                       quiet=quiet, check=check, shown_env=shown, progress=progress)
+    added = {"ACCELERATE_USE_CPU": "1", **(env or {})} if use_cpu else env
+    spec = LaunchSpec(argv, folder, launch_environment(nproc, env=added), log_dir=folder / "logs", nproc=nproc,
+                      epochs=epochs)
+    return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress)
 
 
 # --- running, streaming, stopping -------------------------------------------------------------
 
 
-def _read_lines(stream, lines: queue.Queue) -> None:
-    for line in iter(stream.readline, ""):
-        lines.put(line)
-    lines.put(None)
+def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=True, shown_env=None,
+                progress=False, log_dir=None) -> RunResult:
+    """Run a launch (a ``LaunchSpec``), streaming its output; the shared engine of ``torchrun`` and friends.
 
-
-def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> int:
-    """End ``proc`` and every process it started (torchrun puts each worker in its own session)."""
-    try:
-        parent = psutil.Process(proc.pid)
-        family = [parent] + parent.children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)  # torchrun forwards SIGTERM to its workers and exits
-    except ProcessLookupError:
-        pass
-    _, alive = psutil.wait_procs(family, timeout=grace)
-    for p in alive + [c for p in alive for c in _children(p)]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    return len(family)
-
-
-def _children(p: psutil.Process) -> list[psutil.Process]:
-    try:
-        return p.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=False, check=True,
-                shown_env=None, progress=False) -> RunResult:
-    """Run a launcher command, streaming its output; the shared engine of ``torchrun`` and friends.
-
-    ``shown_env``: environment variables the command needs, printed in front of it so that the
-    printed line can be pasted into a shell as it is. ``progress``: False streams every line;
-    True prints one compact line per epoch instead (``course_lib.progress.EpochProgress``); any
-    object with that class's ``start/line/poll/close`` methods (the launch panel) gets the run live.
+    ``cmd`` may also be a command list built by hand, with its ``run_dir``, ``shown_env`` (variables it
+    needs, applied and printed in front of it) and ``log_dir`` (its ``--log-dir``, to read each rank's
+    output back). ``env``: the whole environment to start from (default: ours). ``progress``: False streams
+    every line; True prints one compact line per epoch (``course_lib.progress.EpochProgress``); any object
+    with that class's ``start/line/poll/close`` methods (the launch panel) gets the run live.
     """
     from .progress import make_watcher
 
-    watcher = make_watcher(progress, run_dir, cmd)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / METRICS_FILE).unlink(missing_ok=True)  # metrics.jsonl belongs to this launch only
-    shown = _display(cmd, shown_env)
-    print(f"$ {shown}", flush=True)
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=env, start_new_session=True, errors="replace")
+    spec = cmd if isinstance(cmd, LaunchSpec) else LaunchSpec(
+        [str(a) for a in cmd], Path(run_dir), {k: str(v) for k, v in (shown_env or {}).items()},
+        log_dir=None if log_dir is None else Path(log_dir))
+    watcher = make_watcher(progress, spec)
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    (spec.run_dir / METRICS_FILE).unlink(missing_ok=True)  # metrics.jsonl belongs to this launch only
+    earlier_logs = _log_folders(spec.log_dir)
+    print(f"$ {spec.command_line}", flush=True)
+    start_time = time.monotonic()
     lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
-    reader.start()
+    proc = start(spec.argv, env=spec.process_env(env), lines=lines)
     if watcher:
-        watcher.start(proc, shown)
-    outputs: dict[int, list[str]] = {}
+        watcher.start(proc, spec.command_line)
+    streamed: dict[int, list[str]] = {}
     launcher: list[str] = []
 
     def take(line: str, echo: bool = True) -> None:
         text = line.rstrip("\n")
         match = RANK_LINE.match(text)
         rank, text = (int(match.group(1)), match.group(2)) if match else (None, text)
-        outputs.setdefault(rank, []).append(text) if match else launcher.append(text)
+        streamed.setdefault(rank, []).append(text) if match else launcher.append(text)
         if watcher:
             watcher.line(rank, text)
         elif echo and not quiet:
             print(line if line.endswith("\n") else line + "\n", end="", flush=True)
 
     stopped = None
-    wall_start = time.time()
     try:
         while True:
-            if timeout is not None and time.monotonic() - start > timeout:
+            if timeout is not None and time.monotonic() - start_time > timeout:
                 stopped = "timeout"
                 break
             if watcher:
                 watcher.poll()  # rate-limits itself
             try:
-                line = lines.get(timeout=0.1)
+                _, line = lines.get(timeout=0.1)
             except queue.Empty:
                 continue
             if line is None:
@@ -302,25 +320,25 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
     except KeyboardInterrupt:
         stopped = "interrupt"
     if stopped:
-        count = _stop_tree(proc)
+        count = stop_tree(proc.pid)
         print(f"\n{'Stopped' if stopped == 'interrupt' else 'Timed out after %.0fs:' % timeout} "
               f"ended {count} process(es) of this run (torchrun and its workers).", flush=True)
     proc.wait()
-    reader.join(timeout=2)
-    while True:  # lines the reader got after we stopped looking
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:  # lines the reader got after we stopped looking
         try:
-            line = lines.get_nowait()
+            _, line = lines.get(timeout=0.1)
         except queue.Empty:
+            continue
+        if line is None:
             break
-        if line is not None:
-            take(line, echo=not stopped)
-    for rank, text in _unstreamed_lines(cmd, wall_start, outputs):
-        take(f"[rank{rank}]: {text}")
-    result = RunResult(
-        command=cmd, returncode=proc.returncode, duration=time.monotonic() - start, run_dir=run_dir,
-        outputs={rank: "\n".join(text) for rank, text in sorted(outputs.items())},
-        launcher_output="\n".join(launcher), metrics=read_metrics(run_dir),
-    )
+        take(line, echo=not stopped)
+    folder = _new_log_folder(spec.log_dir, earlier_logs)
+    outputs = {rank: "\n".join(text) for rank, text in sorted(streamed.items())}
+    if folder is not None and spec.nnodes == "1":  # one node: a local rank is the global rank
+        outputs = {**outputs, **rank_logs(folder)}
+    result = RunResult(spec, proc.returncode, time.monotonic() - start_time, dict(sorted(outputs.items())),
+                       "\n".join(launcher), read_metrics(spec.run_dir), folder)
     if watcher:
         watcher.close(result)
     if stopped == "interrupt":
@@ -333,28 +351,37 @@ def run_command(cmd: list[str], run_dir: Path, env=None, timeout=None, quiet=Fal
     return result
 
 
-def _unstreamed_lines(cmd: list[str], since: float, outputs: dict[int, list[str]]):
-    """Lines a rank wrote to its log file that torchrun's console tail missed (it can drop the last
-    lines of a rank that exits right after printing). Single-node launches only: there a local rank
-    is the global rank."""
-    flag = next((f for f in ("--log-dir", "--log_dir") if f in cmd), None)
-    if flag is None or ("--nnodes" in cmd and cmd[cmd.index("--nnodes") + 1] != "1"):
-        return []
-    log_dir = Path(cmd[cmd.index(flag) + 1])
-    runs = [d for d in log_dir.glob("*") if d.is_dir() and d.stat().st_mtime >= since - 1]
-    missing = []
-    for run in runs:
-        attempts = sorted(run.glob("attempt_*"), key=lambda p: int(p.name.split("_")[1]))
-        for rank_dir in (attempts[-1].iterdir() if attempts else []):
-            if not rank_dir.name.isdigit():
-                continue
-            rank = int(rank_dir.name)
-            have = set(outputs.get(rank, []))
+# --- what each rank printed ------------------------------------------------------------------
+
+
+def rank_logs(folder) -> dict[int, str]:
+    """What each local rank printed, from one launch's folder of torchrun logs, attempt after attempt.
+
+    ``folder`` is ``<log_dir>/<run id>_<random>`` (``RunResult.log_folder``); in it torchrun writes
+    ``attempt_<restart>/<local rank>/stdout.log`` and ``stderr.log``. The files are the whole record:
+    torchrun's console tail can drop the last lines of a rank that exits right after printing. Within an
+    attempt a rank's stdout comes before its stderr (the files do not say how they interleaved). Ranks
+    that printed nothing are left out.
+    """
+    lines: dict[int, list[str]] = {}
+    attempts = sorted(Path(folder).glob("attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
+    for attempt in attempts:
+        for rank_dir in sorted((p for p in attempt.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
             for name in ("stdout.log", "stderr.log"):
                 path = rank_dir / name
-                lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-                missing += [(rank, line) for line in lines if line not in have]
-    return missing
+                if path.is_file():
+                    lines.setdefault(int(rank_dir.name), []).extend(path.read_text(errors="replace").splitlines())
+    return {rank: "\n".join(text) for rank, text in sorted(lines.items()) if text}
+
+
+def _log_folders(log_dir: Path | None) -> set[Path]:
+    return {p for p in log_dir.iterdir() if p.is_dir()} if log_dir is not None and log_dir.is_dir() else set()
+
+
+def _new_log_folder(log_dir: Path | None, earlier: set[Path]) -> Path | None:
+    """The folder this launch's torchrun made in ``log_dir`` (one per agent; the newest if several)."""
+    new = sorted(_log_folders(log_dir) - earlier, key=lambda p: p.stat().st_mtime)
+    return new[-1] if new else None
 
 
 # --- explaining a failure ----------------------------------------------------------------------
@@ -366,7 +393,7 @@ _ROOT_CAUSE = re.compile(
 
 def failure_message(result: RunResult) -> str:
     """One paragraph: which rank failed, how, and its own traceback (from torchrun's error file)."""
-    cmd = _display(result.command)
+    cmd = result.command_line
     match = _ROOT_CAUSE.search(result.launcher_output)
     if not match:
         tail = "\n".join(result.launcher_output.splitlines()[-20:])

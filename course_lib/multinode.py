@@ -9,20 +9,16 @@ can start later than the others (``start_after``) to join a running elastic job.
 from __future__ import annotations
 
 import queue
-import subprocess
-import threading
 import time
 from typing import Callable
 
-from .launch import (RANK_LINE, LaunchError, LaunchTimeout, RunResult, _display, _prepare, _stop_tree,
-                     failure_message, free_port, launch_env, torchrun_command)
+from .devices import resolve_nproc
+from .errors import LaunchError, LaunchTimeout
+from .launch import (RANK_LINE, LaunchSpec, RunResult, check_script, default_run_dir, failure_message, free_port,
+                     launch_environment, script_arguments, torchrun_command)
 from .metrics import METRICS_FILE, read_metrics
-
-
-def _read_lines(node: int, stream, lines: queue.Queue) -> None:
-    for line in iter(stream.readline, ""):
-        lines.put((node, line))
-    lines.put((node, None))
+from .processes import start as start_process
+from .processes import stop_tree
 
 
 def _due(condition, elapsed: float) -> bool:
@@ -32,7 +28,7 @@ def _due(condition, elapsed: float) -> bool:
 def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, script_args=(), env=None,
                    max_restarts=0, timeout=None, run_dir=None, rdzv_conf: str | None = None,
                    start_after: dict[int, float | Callable[[float], bool]] | None = None, quiet=False,
-                   check=True, extra_args=()) -> list[RunResult]:
+                   check=True, extra_args=(), epochs=None) -> list[RunResult]:
     """Run ``script`` with ``agents`` torchrun agents that rendezvous on 127.0.0.1 as one job.
 
     ``nnodes``: torchrun's ``--nnodes`` for every agent (default ``agents``; ``"1:2"`` is elastic).
@@ -41,35 +37,38 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     ``--rdzv-conf`` (e.g. ``"last_call_timeout=1"``). Returns one ``RunResult`` per started node; a
     failing node raises ``LaunchError`` (``.results`` holds all of them) unless ``check=False``.
     """
-    script, nproc_per_node, script_args, run_dir = _prepare(script, nproc_per_node, script_args, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / METRICS_FILE).unlink(missing_ok=True)
+    script, nproc_per_node = check_script(script), resolve_nproc(nproc_per_node)
+    folder = default_run_dir(script, run_dir)
+    args = script_arguments(script_args, run_dir, epochs)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / METRICS_FILE).unlink(missing_ok=True)
     endpoint, run_id = f"127.0.0.1:{free_port()}", f"nodes{free_port()}"
     rdzv_args = ["--rdzv-conf", rdzv_conf] if rdzv_conf else []
-    commands = [torchrun_command(script, nproc_per_node, nnodes or agents, script_args, max_restarts,
-                                 rdzv_endpoint=endpoint, rdzv_id=run_id, log_dir=run_dir / "logs" / f"node{k}",
-                                 extra_args=[*rdzv_args, *extra_args]) for k in range(agents)]
     # Every "node" is on this machine: the cores are shared by all agents' workers, not by one node's.
-    process_env = launch_env(nproc_per_node * agents, env)
+    added = launch_environment(nproc_per_node * agents, max_restarts, env)
+    specs = [LaunchSpec(torchrun_command(script, nproc_per_node, nnodes or agents, args, max_restarts,
+                                         rdzv_endpoint=endpoint, rdzv_id=run_id, log_dir=folder / "logs" / f"node{k}",
+                                         extra_args=[*rdzv_args, *extra_args]),
+                        folder, added, log_dir=folder / "logs" / f"node{k}", nproc=nproc_per_node,
+                        nnodes=str(nnodes or agents), max_restarts=max_restarts, epochs=epochs)
+             for k in range(agents)]
     pending = dict(start_after or {})
-    for k, cmd in enumerate(commands):
+    for k, spec in enumerate(specs):
         when = "" if k not in pending else " (started later, when its condition is met)"
-        print(f"$ {_display(cmd)}   # node{k}{when}", flush=True)
+        print(f"$ {spec.command_line}   # node{k}{when}", flush=True)
 
     lines: queue.Queue = queue.Queue()
-    procs: dict[int, subprocess.Popen] = {}
+    procs = {}
     started: dict[int, float] = {}
     captured: dict[int, list[str]] = {}
     open_streams = 0
 
     def start(k: int) -> None:
         nonlocal open_streams
-        procs[k] = subprocess.Popen(commands[k], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    bufsize=1, env=process_env, start_new_session=True, errors="replace")
+        procs[k] = start_process(specs[k].argv, env=specs[k].process_env(), tag=k, lines=lines)
         started[k] = time.monotonic()
         captured[k] = []
         open_streams += 1
-        threading.Thread(target=_read_lines, args=(k, procs[k].stdout, lines), daemon=True).start()
         if k in pending:
             print(f"[node{k}] started {started[k] - begin:.1f}s after node0", flush=True)
 
@@ -105,7 +104,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     except KeyboardInterrupt:
         stopped = "interrupt"
     if stopped:
-        count = sum(_stop_tree(p) for p in procs.values())
+        count = sum(stop_tree(p.pid) for p in procs.values())
         print(f"\n{'Stopped' if stopped == 'interrupt' else 'Timed out after %.0fs:' % timeout} "
               f"ended {count} process(es) of {len(procs)} node(s).", flush=True)
     for p in procs.values():
@@ -120,9 +119,11 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     for k in pending:
         print(f"node{k} was never started: the other nodes had finished before its condition was met.")
 
-    metrics = read_metrics(run_dir)
+    metrics = read_metrics(folder)
     results = []
     for k in sorted(procs):
+        # Each rank's output from the streamed lines, whose prefix is the global rank: a node's log files
+        # are named by local rank, and which global ranks a node holds is decided at each rendezvous.
         outputs: dict[int, list[str]] = {}
         launcher = []
         for line in captured[k]:
@@ -131,19 +132,14 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
                 outputs.setdefault(int(match.group(1)), []).append(match.group(2))
             else:
                 launcher.append(line)
-        results.append(RunResult(
-            command=commands[k], returncode=procs[k].returncode, duration=time.monotonic() - started[k],
-            run_dir=run_dir, outputs={r: "\n".join(t) for r, t in sorted(outputs.items())},
-            launcher_output="\n".join(launcher), metrics=metrics))
+        results.append(RunResult(specs[k], procs[k].returncode, time.monotonic() - started[k],
+                                 {r: "\n".join(t) for r, t in sorted(outputs.items())}, "\n".join(launcher), metrics))
     if stopped == "interrupt":
         raise KeyboardInterrupt
     failed = [(k, r) for k, r in zip(sorted(procs), results) if not r.ok]
     if stopped == "timeout":
-        error = LaunchTimeout(f"The {len(procs)}-node run took longer than timeout={timeout}s and was stopped; "
-                              "no process of it is left. Raise `timeout` or lower the work.", results[0])
-    elif check and failed:
-        error = LaunchError("\n\n".join(f"node{k}: {failure_message(r)}" for k, r in failed), failed[0][1])
-    else:
-        return results
-    error.results = results
-    raise error
+        raise LaunchTimeout(f"The {len(procs)}-node run took longer than timeout={timeout}s and was stopped; "
+                            "no process of it is left. Raise `timeout` or lower the work.", results[0], results)
+    if check and failed:
+        raise LaunchError("\n\n".join(f"node{k}: {failure_message(r)}" for k, r in failed), failed[0][1], results)
+    return results

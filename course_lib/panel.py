@@ -23,7 +23,9 @@ from pathlib import Path
 from . import launch
 from .devices import cpu_count, gpu_count
 from .metrics import read_metrics
+from .processes import stop_tree
 from .progress import EpochProgress
+from .scripts import in_notebook
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LAUNCHERS = ("torchrun", "accelerate")
@@ -40,15 +42,6 @@ class _QueueStream:
 
     def flush(self) -> None:
         pass
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
 
 
 def plot_png(records: list[dict], title: str = "") -> bytes:
@@ -90,8 +83,9 @@ def plot_png(records: list[dict], title: str = "") -> bytes:
 class LaunchPanel:
     """Widgets to launch ``script`` on ``nproc`` processes and follow it live; ``run()``/``stop()``/``wait()``.
 
-    ``epochs`` is passed as ``--epochs`` when the script has that option; ``mixed_precision`` goes to
-    ``accelerate launch --mixed_precision``, or to a torchrun script's ``--mixed-precision`` option.
+    ``epochs`` is passed as ``--epochs`` (``None``: not passed, for a script without that option);
+    ``mixed_precision`` goes to ``accelerate launch --mixed_precision``, or, other than "no", to a torchrun
+    script's ``--mixed-precision`` option (a script without one says so when it starts).
     """
 
     def __init__(self, script=None, nproc=None, epochs=1, mixed_precision="no", launcher="torchrun",
@@ -105,6 +99,8 @@ class LaunchPanel:
             raise FileNotFoundError("No training script to offer: pass script='runs/<lesson>/train.py' "
                                     "(run the cell that writes it first).")
         most = max(4, gpu_count(), cpu_count())
+        self.pass_epochs = epochs is not None
+        epochs = 1 if epochs is None else epochs
         self.script_args = [str(a) for a in script_args]
         self.run_dir = run_dir
         self.timeout = timeout
@@ -145,7 +141,7 @@ class LaunchPanel:
             self.command, self.status, self.epoch_bar, self.step_bar, self.plot, self.tabs,
         ])
         self._reset_views()
-        if show if show is not None else _in_kernel():
+        if show if show is not None else in_notebook():
             from IPython.display import display
 
             display(self.widget)
@@ -159,16 +155,11 @@ class LaunchPanel:
         return Path(self.run_dir) if self.run_dir is not None else self._script_path().parent
 
     def arguments(self) -> list[str]:
-        """The script's arguments for the chosen settings."""
-        text = launch._check_script(self._script_path()).read_text(errors="replace")
+        """The script's arguments for the chosen settings (the script's own argparse judges them)."""
         args = list(self.script_args)
-        if "--epochs" in text and "--epochs" not in args:
+        if self.pass_epochs:
             args += ["--epochs", str(self.epochs.value)]
         if self.launcher.value == "torchrun" and self.mixed_precision.value != "no":
-            if "--mixed-precision" not in text:
-                raise ValueError(f"{self._script_path()} has no --mixed-precision option, so torchrun cannot "
-                                 "pass it on: choose mixed precision 'no', use the accelerate launcher, or "
-                                 "add the option to the script.")
             args += ["--mixed-precision", self.mixed_precision.value]
         return args
 
@@ -201,6 +192,7 @@ class LaunchPanel:
         """Start the launch in a background thread; returns at once."""
         if self.running:
             raise RuntimeError("A run is already going: press Stop (or call .stop()) first.")
+        launch.check_script(self._script_path())
         args = self.arguments()
         self._nproc = self.nproc.value  # the settings of this run, whatever the widgets say later
         self.result = self.error = self._proc = self._stopped = None
@@ -209,7 +201,7 @@ class LaunchPanel:
         run_dir = self._run_dir()
         # metrics.jsonl is removed by the launch itself; old records must not show meanwhile.
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        self._progress = EpochProgress(run_dir, epochs=self.epochs.value, stream=_QueueStream(self._text))
+        self._progress = EpochProgress(run_dir, epochs=self.epochs.value if self.pass_epochs else None, stream=_QueueStream(self._text))
         self.status.value = "<b>starting</b> (imports take a few seconds per process)"
         self.run_button.disabled, self.stop_button.disabled = True, False
         self._thread = threading.Thread(target=self._launch, args=(args,), daemon=True)
@@ -241,7 +233,7 @@ class LaunchPanel:
             return 0
         self._stopped = 0  # from here on the run's end is a stop, whatever its exit code says
         self.status.value = "<b>stopping</b>"
-        count = self._stopped = launch._stop_tree(proc)
+        count = self._stopped = stop_tree(proc.pid)
         if self._thread is not None:
             self._thread.join(10)
         self.status.value = f"<b>stopped</b>: ended {count} process(es) of this run; none is left"

@@ -16,17 +16,6 @@ from .metrics import read_metrics
 BAR_WIDTH = 20
 
 
-def epochs_from_args(args) -> int | None:
-    """The value of ``--epochs N`` (or ``--epochs=N``) in a command line, if any."""
-    args = [str(a) for a in args]
-    for i, arg in enumerate(args):
-        if arg == "--epochs" and i + 1 < len(args) and args[i + 1].isdigit():
-            return int(args[i + 1])
-        if arg.startswith("--epochs=") and arg.split("=", 1)[1].isdigit():
-            return int(arg.split("=", 1)[1])
-    return None
-
-
 def bar(fraction: float, width: int = BAR_WIDTH) -> str:
     filled = int(round(max(0.0, min(1.0, fraction)) * width))
     return "[" + "#" * filled + "." * (width - filled) + "]"
@@ -107,12 +96,13 @@ class EpochProgress:
                     f"result.outputs[rank] or {result.run_dir / 'logs'}\n")
 
 
-def make_watcher(progress, run_dir, cmd):
-    """What ``run_command`` reports to: None (stream every line), an ``EpochProgress``, or ``progress`` itself."""
+def make_watcher(progress, spec):
+    """What ``run_command`` reports to for the launch ``spec``: None (stream every line), an ``EpochProgress``
+    (its total from ``spec.epochs``, the ``epochs=`` of ``torchrun``), or ``progress`` itself."""
     if progress is False or progress is None:
         return None
     if progress is True or progress == "epoch":
-        return EpochProgress(run_dir, epochs=epochs_from_args(cmd))
+        return EpochProgress(spec.run_dir, epochs=spec.epochs)
     if all(hasattr(progress, name) for name in ("start", "line", "poll", "close")):
         return progress
     raise TypeError(f"progress={progress!r}: use False (stream every line), True (one line per epoch) "

@@ -13,6 +13,7 @@ import pytest
 import course_lib
 from course_lib import LaunchError, LaunchTimeout, torchrun
 from course_lib.devices import LaunchConfigError
+from course_lib.launch import LaunchSpec, launch_environment, rank_logs
 
 WORKER = """
 import argparse, os, signal, sys, time
@@ -70,9 +71,12 @@ def test_two_process_launch_streams_ranks_and_returns_metrics(worker, capsys):
     result = torchrun(worker, nproc=2)
     out = capsys.readouterr().out
     assert result.ok and result.returncode == 0
-    assert out.splitlines()[0].startswith("$ torchrun --standalone --nproc-per-node 2")
+    assert out.splitlines()[0] == f"$ {result.command_line}"
+    assert "torchrun --standalone --nproc-per-node 2" in result.command_line
     assert "[rank0]: rank 0/2 sum=3" in out and "[rank1]: rank 1/2 sum=3" in out
     assert result.outputs == {0: "rank 0/2 sum=3", 1: "rank 1/2 sum=3"}
+    assert result.log_folder.parent == result.spec.log_dir == result.run_dir / "logs"
+    assert rank_logs(result.log_folder) == result.outputs
     assert result.metrics == [{"event": "epoch", "epoch": 0, "world": 2, "total": 3.0}]
     assert result.duration > 0
 
@@ -81,7 +85,7 @@ def test_explicit_run_dir_is_passed_to_the_script(worker, tmp_path):
     result = torchrun(worker, nproc=3, run_dir=tmp_path / "elsewhere", quiet=True)
     assert result.command[-2:] == ["--run-dir", str(tmp_path / "elsewhere")]
     assert result.events("epoch")[0]["world"] == 3
-    assert (tmp_path / "elsewhere" / "metrics.jsonl").is_file()
+    assert course_lib.read_metrics(tmp_path / "elsewhere") == result.metrics
 
 
 def test_printed_command_runs_from_a_shell(worker, capsys, tmp_path):
@@ -196,7 +200,41 @@ def test_accelerate_scripts_really_run_distributed_without_gpus(write, capsys):
         assert capsys.readouterr().out.startswith("$ ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu")
 
 
-def test_torchrun_of_an_accelerate_script_joins_the_group_too(write):
-    script = write("acc.py", ACCELERATE_SCRIPT)
+def test_an_accelerate_script_that_asks_for_cpu_itself_joins_the_group_under_torchrun(write):
+    script = write("acc.py", ACCELERATE_SCRIPT.replace(
+        "a = Accelerator()", "import os, torch\na = Accelerator(cpu=torch.cuda.device_count() < int(os.environ['WORLD_SIZE']))"))
     result = torchrun(script, nproc=2, quiet=True)
     assert all(text.split()[1] == "2" for text in result.outputs.values())
+    assert "ACCELERATE_USE_CPU" not in result.command_line, "torchrun adds nothing a script did not ask for"
+
+
+# --- the launch as data -------------------------------------------------------------------------
+
+
+def test_restarts_disable_the_shared_store_in_the_environment_applied_and_shown(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec = LaunchSpec(["torchrun", "x.py"], Path("."), launch_environment(2, max_restarts=3))
+    assert spec.env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    assert spec.process_env()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert spec.command_line == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun x.py"
+    assert launch_environment(2, max_restarts=0) == {}
+
+
+def test_threads_are_shared_among_the_processes_and_shown_unless_already_set(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads = launch_environment(2)["OMP_NUM_THREADS"]
+    assert threads == str(max(1, course_lib.cpu_count() // 2))
+    assert LaunchSpec(["torchrun"], Path("."), launch_environment(2)).command_line == f"OMP_NUM_THREADS={threads} torchrun"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert "OMP_NUM_THREADS" not in launch_environment(2)
+    assert launch_environment(2, env={"OMP_NUM_THREADS": 4}) == {"OMP_NUM_THREADS": "4"}
+
+
+def test_rank_logs_reads_each_rank_attempt_after_attempt(tmp_path):
+    for attempt, rank, name, text in [(0, 0, "stdout.log", "a0 out\n"), (0, 0, "stderr.log", "a0 err\n"),
+                                      (1, 0, "stdout.log", "a1 out\n"), (10, 0, "stdout.log", "a10 out\n"),
+                                      (0, 1, "stdout.log", "r1\n"), (0, 2, "stdout.log", "")]:
+        path = tmp_path / f"attempt_{attempt}" / str(rank) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert rank_logs(tmp_path) == {0: "a0 out\na0 err\na1 out\na10 out", 1: "r1"}

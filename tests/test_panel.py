@@ -9,7 +9,7 @@ import pytest
 
 from course_lib import torchrun
 from course_lib.panel import LaunchPanel
-from course_lib.progress import EpochProgress, epochs_from_args
+from course_lib.progress import EpochProgress
 
 # Two ranks, a few slow steps per epoch; rank 0 logs step and epoch records like a lesson script.
 TICKER = """
@@ -62,10 +62,19 @@ def test_panel_builds_its_widgets_without_a_browser(write):
     assert not panel.running and panel.stop_button.disabled
 
 
-def test_panel_refuses_mixed_precision_a_torchrun_script_cannot_take(write):
+def test_panel_passes_its_settings_as_flags_and_the_script_judges_them(write, capsys):
     panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=2, mixed_precision="bf16", show=False)
-    with pytest.raises(ValueError, match="no --mixed-precision option"):
-        panel.arguments()
+    assert panel.arguments() == ["--epochs", "1", "--mixed-precision", "bf16"]
+    panel.run()
+    result = panel.wait(timeout=240)
+    assert not result.ok
+    assert "unrecognized arguments: --mixed-precision bf16" in result.outputs[0]
+    assert "failed" in panel.status.value
+
+
+def test_panel_without_epochs_passes_none(write):
+    panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=2, epochs=None, show=False)
+    assert panel.arguments() == []
 
 
 def test_panel_plot_and_bars_follow_the_metrics_file(write, tmp_path):
@@ -91,14 +100,14 @@ def test_panel_runs_two_processes_and_fills_every_view(write, capsys):
     result = panel.wait(timeout=240)
     assert result.ok and sorted(result.outputs) == [0, 1]
     text = capsys.readouterr().out
-    assert "$ torchrun --standalone --nproc-per-node 2" in text
+    assert f"$ {result.command_line}" in text and "torchrun --standalone --nproc-per-node 2" in text
     assert "epoch 1/2" in text and "epoch 2/2" in text and "val_acc=0.9000" in text
     for rank in (0, 1):
         shown = "".join(o["text"] for o in panel.rank_outputs[rank].outputs)
         assert "epoch 1 step 3" in shown, f"rank {rank}'s tab missed lines"
     assert panel.epoch_bar.value == 2 and bytes(panel.plot.value).startswith(b"\x89PNG")
     assert "finished" in panel.status.value and panel.stop_button.disabled and not panel.run_button.disabled
-    assert panel.command.value.startswith("<code>$ torchrun --standalone --nproc-per-node 2")
+    assert panel.command.value.startswith("<code>$ ") and "torchrun --standalone --nproc-per-node 2" in panel.command.value
 
 
 def test_panel_stop_mid_run_leaves_no_process(write):
@@ -114,12 +123,6 @@ def test_panel_stop_mid_run_leaves_no_process(write):
     panel.wait(timeout=60)
     assert not [pid for pid in pids if _alive(pid)], "processes of the run are still alive after Stop"
     assert "stopped" in panel.status.value
-
-
-def test_epochs_are_read_from_the_command_line():
-    assert epochs_from_args(["torchrun", "x.py", "--epochs", "3"]) == 3
-    assert epochs_from_args(["x.py", "--epochs=5"]) == 5
-    assert epochs_from_args(["x.py"]) is None
 
 
 def test_epoch_progress_prints_one_line_per_epoch(tmp_path):
@@ -139,8 +142,9 @@ def test_epoch_progress_prints_one_line_per_epoch(tmp_path):
 
 def test_torchrun_progress_replaces_the_log_lines_by_epoch_lines(write, capsys):
     script = write("ticker.py", TICKER)
-    result = torchrun(script, nproc=2, script_args=["--epochs", "2", "--steps", "2", "--sleep", "0"], progress=True)
+    result = torchrun(script, nproc=2, epochs=2, script_args=["--steps", "2", "--sleep", "0"], progress=True)
     text = capsys.readouterr().out
+    assert result.command[-2:] == ["--epochs", "2"] and result.spec.epochs == 2
     assert "[rank0]:" not in text and "[rank1]:" not in text
     assert "epoch 2/2 [####################] train_loss=0.2500" in text
     assert "epoch 1 step 1" in result.outputs[0]  # the lines are still in the result
