@@ -633,12 +633,12 @@ def check_load_model(load_model) -> None:
     report.done()
 
 
-def check_rank0_evaluation(script, nproc: int = 2, epochs: int = 2, train_samples: int = 6000) -> None:
+def check_rank0_evaluation(script, nproc: int = 2, epochs: int = 2, max_steps: int = 30) -> None:
     """Task 03.3: rank 0 evaluates every epoch without calling DDP's forward alone; nothing hangs."""
-    report = Report("03.3", f"{epochs} epochs on {nproc} processes with rank-0 evaluation")
+    report = Report("03.3", f"{epochs} epochs of {max_steps} steps on {nproc} processes with rank-0 evaluation")
     try:
         result = _launch("03.3", script, nproc=nproc, timeout=150,
-                         script_args=["--epochs", str(epochs), "--train-samples", str(train_samples)])
+                         script_args=["--epochs", str(epochs), "--max-steps", str(max_steps)])
     except NotAttempted:
         raise
     except CheckFailed as exc:  # the seed's bug ends in a crash or a hang; say why
