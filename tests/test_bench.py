@@ -64,11 +64,20 @@ def test_bench_draws_its_plot(fast_run):
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_bench_runs_the_abstraction_levels_as_shell_commands(fast_run):
+def test_bench_runs_every_abstraction_level_as_one_world_of_all_its_processes(fast_run):
     _, result, stdout = fast_run
     assert "level_accelerate.py" in stdout and "level_trainer.py" in stdout
-    assert "ACCELERATE_USE_CPU=1 torchrun" in stdout or result["machine"]["gpus"]
-    assert result["launch"]["command"].split()[0].endswith("torchrun")
+    nproc = result["abstraction"]["nproc"]
+    for name, row in result["abstraction"]["levels"].items():
+        worlds = [r["world_size"] for r in result["runs"][row["launch"]]["rounds"]]
+        assert worlds and all(w == nproc for w in worlds), \
+            f"level {name} ran as world(s) {worlds}, not one world of {nproc} (a CPU rank training alone?)"
+
+
+def test_bench_measures_the_launch_overhead_of_a_torchrun_command(fast_run):
+    _, result, _ = fast_run
+    program = [word for word in result["launch"]["command"].split() if "=" not in word][0]  # after any VAR=value
+    assert program.endswith("torchrun")
 
 
 def test_bench_rejects_an_unknown_section():
@@ -77,7 +86,6 @@ def test_bench_rejects_an_unknown_section():
     assert done.returncode != 0 and "unknown section(s) ['speed']" in done.stderr
 
 
-def test_bench_writes_into_the_ignored_notebook_runs_folder_by_default():
-    assert bench.DEFAULT_OUT == ROOT / "notebooks" / "runs" / "07_performance"
+def test_bench_writes_into_an_ignored_folder_by_default():
     ignored = subprocess.run(["git", "check-ignore", "-q", str(bench.DEFAULT_OUT / "bench.json")], cwd=ROOT)
     assert ignored.returncode == 0, "bench.py's default output folder must be git-ignored"

@@ -14,19 +14,22 @@ def test_prepare_copies_and_extracts_from_the_mirror(tmp_path, mirror, monkeypat
     raw = prepare_mnist(tmp_path)
     for name, expected in MNIST_FILES.items():
         assert md5(raw / name) == expected
-        assert (raw / name.removesuffix(".gz")).is_file()
+        assert (raw / name.removesuffix(".gz")).read_bytes() == gzip.decompress((raw / name).read_bytes())
     from torchvision.datasets import MNIST
 
     assert len(MNIST(str(tmp_path), train=True, download=False)) == 60000
     assert len(MNIST(str(tmp_path), train=False, download=False)) == 10000
 
 
-def test_prepare_is_quiet_and_fast_when_files_are_valid(tmp_path, mirror, monkeypatch, capsys):
+def test_prepare_with_valid_files_prints_one_line_and_touches_nothing(tmp_path, mirror, monkeypatch, capsys):
     monkeypatch.setenv(MIRROR_ENV, str(mirror))
-    prepare_mnist(tmp_path)
-    monkeypatch.delenv(MIRROR_ENV)  # second call must not need any source
-    prepare_mnist(tmp_path)
-    assert "ready" in capsys.readouterr().out
+    raw = prepare_mnist(tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in raw.iterdir()}
+    capsys.readouterr()
+    monkeypatch.delenv(MIRROR_ENV)  # the second call needs no source at all
+    assert prepare_mnist(tmp_path) == raw
+    assert capsys.readouterr().out == f"MNIST ready in {raw}\n"
+    assert {p.name: p.stat().st_mtime_ns for p in raw.iterdir()} == before, "nothing copied or extracted again"
 
 
 def test_mirror_file_with_wrong_md5_is_refused_and_left_untouched(tmp_path, mirror, monkeypatch):

@@ -4,7 +4,7 @@ import time
 import nbformat
 import pytest
 
-from notebook_runner import ROOT, execute_notebook, fast_parameters, has_outputs, parameters_index
+from notebook_runner import ROOT, execute_notebook, fast_parameters, has_outputs, inject_parameters, parameters_index
 
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
@@ -30,7 +30,10 @@ def test_notebook_has_one_parameters_cell(path):
     nb = nbformat.read(path, as_version=4)
     tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: expected exactly one cell tagged 'parameters', found {len(tagged)}"
-    assert parameters_index(nb) is not None
+    if fast_parameters(nb):  # the injected cell, right after the parameters cell, assigns exactly them
+        assigned = {}
+        exec(inject_parameters(nb, fast_parameters(nb)).cells[parameters_index(nb) + 1].source, {}, assigned)
+        assert assigned == fast_parameters(nb), f"{path.name}: its fast settings are not injected as they are"
     for name in fast_parameters(nb):
         assert f"{name} =" in tagged[0].source, f"{path.name}: fast parameter {name} is not in its parameters cell"
 

@@ -1,11 +1,14 @@
 """The project's own promises: one set of pinned packages, the fixed layout, CI calling README's command."""
+import os
 import re
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import yaml
 
+from course_lib.data import MNIST_FILES
 from notebook_runner import ROOT
 
 
@@ -36,24 +39,55 @@ def test_every_pinned_package_is_the_installed_version():
         assert version(name).split("+")[0] == pinned, f"{name}: installed {version(name)}, pinned {pinned}"
 
 
-def test_top_level_layout():
-    for name in ("notebooks", "course_lib", "exercises", "solutions", "tests"):
-        assert (ROOT / name).is_dir(), name
+def _git(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_top_level_layout_is_committed():
+    tracked = set(_git("ls-files").stdout.splitlines())
+    for folder in ("notebooks", "course_lib", "exercises", "solutions", "tests"):
+        assert any(path.startswith(f"{folder}/") for path in tracked), f"nothing of {folder}/ is committed"
     for name in ("environment.yml", "README.md", "pyproject.toml", ".ci/run", ".gitignore"):
-        assert (ROOT / name).is_file(), name
+        assert name in tracked, f"{name} is not committed"
 
 
-def test_run_outputs_and_virtual_environments_are_ignored():
-    ignored = (ROOT / ".gitignore").read_text().split()
-    for entry in ("runs/", "data/", "checkpoints/", ".venv/"):
-        assert entry in ignored
+def test_run_outputs_and_virtual_environments_are_ignored_by_git():
+    for path in ("notebooks/runs/02_ddp/metrics.jsonl", "runs/x/train.py", "data/MNIST/raw/t10k-labels-idx1-ubyte",
+                 "notebooks/data/MNIST/raw/x", "checkpoints/checkpoint-1.pt", ".venv/bin/python"):
+        assert _git("check-ignore", "-q", "--no-index", path).returncode == 0, f"git does not ignore {path}"
+    for path in ("notebooks/02_ddp.ipynb", "course_lib/launch.py", "benchmarks/bench.py", "exercises/x.ipynb"):
+        assert _git("check-ignore", "-q", "--no-index", path).returncode == 1, f"git ignores {path}"
 
 
-def test_ci_runs_the_readme_test_command():
-    readme = (ROOT / "README.md").read_text()
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "python3 -m course_lib test" in readme and "python3 -m course_lib lab" in readme
-    assert "python3 -m course_lib test" in ci and "COURSE_MNIST_MIRROR" in ci
+def _readme_commands() -> list[list[str]]:
+    """The ``python3 -m course_lib ...`` lines of README's shell blocks, as words (comments dropped)."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    lines = [line.split("#")[0].split() for block in blocks for line in block.splitlines()]
+    return [words for words in lines if words[:3] == ["python3", "-m", "course_lib"]]
+
+
+def test_readme_names_only_commands_the_command_line_has():
+    from course_lib import __main__ as cli
+
+    commands = {words[3] for words in _readme_commands() if len(words) > 3}
+    assert {"lab", "test"} <= commands
+    known = set(cli.MODULE_COMMANDS) | {"lab", "test", "setup", "doctor", "prepare-data"}
+    assert commands <= known, f"README shows unknown commands: {commands - known}"
+
+
+def test_ci_runs_the_readme_test_command_with_the_mnist_mirror(tmp_path):
+    """.ci/run, with a stand-in python3 on PATH that records how it was called."""
+    record = tmp_path / "called"
+    fake = tmp_path / "python3"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$COURSE_MNIST_MIRROR" "$@" > {record}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_MNIST_MIRROR"}
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    subprocess.run([str(ROOT / ".ci" / "run")], env=env, check=True, capture_output=True, timeout=60)
+    mirror, *called = record.read_text().splitlines()
+    readme_test = next(words[1:] for words in _readme_commands() if words[3:] == ["test"])  # the plain one
+    assert called[:len(readme_test)] == readme_test, f"CI calls {called}, README says {readme_test}"
+    assert all((Path(mirror) / name).is_file() for name in MNIST_FILES), f"CI's mirror {mirror} lacks MNIST"
 
 
 def test_doctor_runs_from_a_fresh_interpreter():
