@@ -1,9 +1,9 @@
-"""Lesson 04's promises: restarts resume from the snapshot, failures end the job with the rank's traceback,
-snapshots are atomic, several agents form one world, Stop leaves nothing behind, the Slurm script builds the
-right torchrun command.
+"""Lesson 04's promises: restarts resume from the newest checkpoint, failures end the job with the rank's
+traceback, checkpoints are atomic, several agents form one world, Stop leaves nothing behind, the Slurm script
+builds the right torchrun command.
 
 The training script is taken from the notebook's ``%%write_script`` cell, so the tests run the code the lesson
-shows. Small settings (``--train-subset``) keep each launch to a few seconds of training.
+shows. Small settings (``--max-steps``) keep each launch to a few seconds of training.
 """
 import _thread
 import os
@@ -24,10 +24,8 @@ from course_lib.multinode import torchrun_nodes
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "04_torchrun_elastic.ipynb"
 SBATCH = ROOT / "slurm" / "train.sbatch"
-SMALL = ["--epochs", "2", "--train-subset", "2000"]
+SMALL = ["--epochs", "2", "--max-steps", "8"]
 LAUNCH_TIMEOUT = 240  # seconds; generous because other jobs may share the cores
-# Restarted gloo workers otherwise sometimes dial the previous attempt's address (see the notebook, part 2).
-RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def script_from_notebook(name: str) -> str:
@@ -35,7 +33,7 @@ def script_from_notebook(name: str) -> str:
     header = f"%%write_script runs/04_torchrun_elastic/{name}"
     for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
         if cell.cell_type == "code" and cell.source.startswith(header):
-            return cell.source[len(header):].lstrip("\n")
+            return cell.source.partition("\n")[2]  # the text after the magic's line (which may name a --base)
     raise AssertionError(f"{NOTEBOOK.name} has no cell starting with {header!r}")
 
 
@@ -51,16 +49,17 @@ def epochs_of(result):
     return [r["epoch"] for r in result.events("epoch")]
 
 
-def test_restart_resumes_from_the_snapshot_and_finishes_every_epoch(train_script, tmp_path):
+def test_restart_resumes_from_the_newest_checkpoint_and_finishes_every_epoch(train_script, tmp_path):
+    # No env here: course_lib.torchrun itself must give each restart round its own rendezvous store.
     result = course_lib.torchrun(train_script, 2, max_restarts=3, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT,
-                                 quiet=True, env=RESTART_ENV, script_args=[*SMALL, "--fail-at-epoch", "1"])
+                                 quiet=True, script_args=[*SMALL, "--fail-at-epoch", "1"])
     assert epochs_of(result) == [0, 1]
     assert result.events("epoch")[-1]["restart"] >= 1, "epoch 1 was finished by a restarted worker group"
     assert "injected failure on rank 1" in result.outputs[1]
-    assert "continuing at epoch 1" in result.outputs[0]
-    snapshot = torch.load(tmp_path / "snapshot.pt", map_location="cpu", weights_only=True)
-    assert snapshot["epoch"] == 1
-    MyModel().load_state_dict(snapshot["model"])  # strict: same keys, no `module.` prefix
+    assert "checkpoint-0.pt (epoch 0 done); continuing at epoch 1" in result.outputs[0]
+    checkpoint = torch.load(tmp_path / "checkpoints" / "checkpoint-1.pt", map_location="cpu", weights_only=True)
+    assert checkpoint["epoch"] == 1
+    MyModel().load_state_dict(checkpoint["model"])  # strict: same keys, no `module.` prefix
 
 
 def test_without_restarts_the_failure_ends_the_job_with_the_ranks_traceback(train_script, tmp_path):
@@ -73,32 +72,35 @@ def test_without_restarts_the_failure_ends_the_job_with_the_ranks_traceback(trai
     assert epochs_of(caught.value.result) == []
 
 
-def test_sigkill_while_saving_leaves_the_previous_snapshot_intact(train_script, tmp_path):
+def test_sigkill_while_saving_leaves_the_previous_checkpoint_intact(train_script, tmp_path):
     with pytest.raises(LaunchError) as caught:
         course_lib.torchrun(train_script, 2, max_restarts=0, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True,
                             script_args=[*SMALL, "--kill-during-save", "1"])
     assert "SIGKILL" in str(caught.value)
-    half_written = tmp_path / "snapshot.pt.tmp"
+    checkpoints = tmp_path / "checkpoints"
+    half_written = checkpoints / "checkpoint-1.pt.tmp"
     assert half_written.exists(), "the crash happened while the temporary file was being written"
+    assert not (checkpoints / "checkpoint-1.pt").exists(), "the half-written file was never renamed into place"
     with pytest.raises(Exception):
         torch.load(half_written, weights_only=True)
-    snapshot = torch.load(tmp_path / "snapshot.pt", map_location="cpu", weights_only=True)
-    assert snapshot["epoch"] == 0, "the snapshot of the previous epoch is still there, whole"
+    checkpoint = torch.load(checkpoints / "checkpoint-0.pt", map_location="cpu", weights_only=True)
+    assert checkpoint["epoch"] == 0, "the checkpoint of the previous epoch is still there, whole"
 
 
-def test_a_corrupt_snapshot_stops_the_run_with_the_file_and_the_fix(train_script, tmp_path):
-    snapshot = tmp_path / "snapshot.pt"
-    snapshot.write_bytes(b"PK\x03\x04 this is not a whole snapshot")
+def test_a_corrupt_newest_checkpoint_stops_the_run_with_the_file_and_the_fix(train_script, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    broken = tmp_path / "checkpoints" / "checkpoint-0.pt"
+    broken.write_bytes(b"PK\x03\x04 this is not a whole checkpoint")
     with pytest.raises(LaunchError) as caught:
         course_lib.torchrun(train_script, 2, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True, script_args=SMALL)
     message = str(caught.value)
-    assert f"The snapshot {snapshot} cannot be read" in message
-    assert "Delete it" in message and "--snapshot" in message
+    assert f"The checkpoint {broken} cannot be read" in message
+    assert "Delete it" in message
 
 
 def test_two_agents_form_one_world(train_script, tmp_path):
     results = torchrun_nodes(train_script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT,
-                             quiet=True, script_args=["--epochs", "1", "--train-subset", "2000"])
+                             quiet=True, script_args=["--epochs", "1", "--max-steps", "4"])
     assert [r.returncode for r in results] == [0, 0]
     assert sorted(rank for r in results for rank in r.outputs) == [0, 1]
     (epoch,) = results[0].events("epoch")
@@ -148,7 +150,8 @@ def fake_slurm(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\n[ \"$1 $2\" = 'show hostnames' ] || exit 1\n"
                                       "printf 'cn-07\\ncn-08\\ncn-09\\n'\n")
-    (bin_dir / "srun").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'srun.args'}\n")
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'srun.args'}\n"
+                                  f"echo \"${{TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-unset}}\" > {tmp_path / 'srun.env'}\n")
     for tool in ("scontrol", "srun"):
         (bin_dir / tool).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -168,6 +171,14 @@ def test_sbatch_runs_one_torchrun_per_node_with_the_first_host_as_rendezvous(fak
         "--epochs", "5",
     ]
     assert (submit / "notebooks" / "runs" / "04_torchrun_elastic" / "slurm-123456").is_dir()
+
+
+def test_sbatch_gives_each_restart_round_a_rendezvous_store_of_its_own(fake_slurm):
+    env, _, srun_args = fake_slurm
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    subprocess.run(["bash", str(SBATCH)], env=env, check=True, capture_output=True)
+    assert "--max-restarts" in srun_args.read_text().splitlines()
+    assert srun_args.with_name("srun.env").read_text().strip() == "1", "srun's tasks (the agents) get the variable"
 
 
 def test_sbatch_uses_the_gpus_slurm_gives_each_node(fake_slurm):
