@@ -928,23 +928,38 @@ def check_compute_loss(trainer_class) -> None:
     report.done()
 
 
-def check_trainer_run(script, nproc: int = 2, train_samples: int = 60000) -> None:
-    """Task 06.2: the Trainer trains on ``nproc`` processes and evaluates every validation sample once."""
+def check_trainer_run(script, nproc: int = 2, max_steps: int | None = None) -> None:
+    """Task 06.2: the Trainer trains on ``nproc`` processes and evaluates every validation sample once.
+
+    ``max_steps``: optimizer steps per epoch (the script's ``--max-steps``); None trains the whole epoch.
+    """
     report = Report("06.2", f"Trainer on {nproc} processes")
-    result = _launch("06.2", script, nproc=nproc, script_args=["--train-samples", str(train_samples)])
-    evals = result.events("eval")
-    if not evals:
-        report.stop("the script logged no `eval` metrics", "Keep the script's log_metrics call as given.")
-    last = evals[-1]
+    script_args = ["--epochs", "1"] + (["--max-steps", str(max_steps)] if max_steps else [])
+    try:
+        result = _launch("06.2", script, nproc=nproc, script_args=script_args)
+    except CheckFailed as failed:
+        if isinstance(failed, NotAttempted) or "the Trainer sees" not in str(failed):
+            raise
+        result = None  # the script's own check of the world size stopped the run
+    if result is None:
+        report.stop(f"torchrun started {nproc} processes, but the Trainer on each saw a smaller world",
+                    "Without a GPU per process the Trainer needs the CPU asked for explicitly: pass "
+                    "use_cpu=not use_cuda to TrainingArguments.")
+    records = result.events("epoch")
+    if not records:
+        report.stop("the script logged no `epoch` record: the Trainer never evaluated during training",
+                    "transformers 5 names the option eval_strategy (evaluation_strategy is gone); use \"epoch\".")
+    last = records[-1]
     report.expect(last.get("world_size") == nproc, f"the Trainer ran as one job of {nproc} processes",
                   f"the Trainer saw a world of {last.get('world_size')}, expected {nproc}")
-    report.expect(last.get("eval_count") == 10000, "its evaluation counted all 10000 validation samples once",
-                  f"its evaluation counted {last.get('eval_count')} samples, expected 10000",
+    report.expect(last.get("val_count") == 10000, "its evaluation counted all 10000 validation samples once",
+                  f"its evaluation counted {last.get('val_count')} samples, expected 10000",
                   "Give the Trainer the whole validation set as eval_dataset; it shards and gathers it.")
-    report.expect(last.get("epochs_evaluated", 0) >= 1, "it evaluated during training (eval_strategy)",
-                  "it did not evaluate during training",
-                  "transformers 5 names the option eval_strategy (evaluation_strategy is gone).")
-    acc = last.get("eval_accuracy") or 0
-    report.expect(acc > 0.85, f"validation accuracy {acc:.4f}", f"validation accuracy {acc:.4f}, expected above 0.85",
-                  "The Trainer's default learning rate (5e-5) is tuned for fine-tuning; this model needs about 1e-3.")
+    report.ok(f"it evaluated during training (eval_strategy): {len(records)} evaluation(s) in 1 epoch")
+    acc = last.get("val_acc") or 0
+    report.expect(acc > 0.85, f"validation accuracy {acc:.4f} after {last.get('steps')} steps",
+                  f"validation accuracy {acc:.4f} after {last.get('steps')} steps, expected above 0.85",
+                  "Use lesson 02's optimizer: optim=\"sgd\", learning_rate=args.lr (0.03) and "
+                  "optim_args=f\"momentum={args.momentum}\"; the Trainer's default, AdamW at 5e-5, is tuned for "
+                  "fine-tuning and barely moves this model (and a small MAX_STEPS trains less).")
     report.done()
