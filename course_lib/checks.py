@@ -818,26 +818,42 @@ def check_elastic_resume(script, nproc: int = 2, epochs: int = 3, fail_at_epoch:
 # --- lesson 05: Accelerate ----------------------------------------------------------------------------
 
 
-def check_accelerate_training(script, nproc: int = 2, train_samples: int = 60000) -> None:
-    """Task 05.1: the loop ported to Accelerate runs as one job of ``nproc`` processes, sharded, in sync."""
+def check_accelerate_training(script, nproc: int = 2, max_steps: int | None = None) -> None:
+    """Task 05.1: lesson 05's train.py with its Accelerate lines runs as one job of ``nproc`` processes, sharded, in sync."""
+    from .launch import failure_message
+
     report = Report("05.1", f"the Accelerate port on {nproc} processes")
-    result = _launch("05.1", script, nproc=nproc, script_args=["--epochs", "1", "--train-samples", str(train_samples)])
+    args = ["--epochs", "1"] + (["--max-steps", str(max_steps)] if max_steps else [])
+    result = _launch("05.1", script, nproc=nproc, script_args=args, allow_failure=True)
+    outputs = rank_outputs(result)
+    # Each process prints "rank R/W (local rank L) ..." as soon as its Accelerator exists.
+    worlds = {r: re.findall(r"rank \d+/(\d+) \(local rank", text) for r, text in outputs.items()}
+    alone = sorted(r for r, found in worlds.items() if found and int(found[0]) == 1)
+    if nproc > 1 and alone:
+        report.stop(f"Accelerate saw 1 process on rank(s) {alone}, expected {nproc}: each process trained alone "
+                    "on all the data", "Pass cpu=not use_cuda to Accelerator(): a process without a GPU of its own "
+                    "otherwise joins no process group (lesson 05, section 5).")
+    if not result.ok:
+        raise CheckFailed(f"Task 05.1: {script} failed on {nproc} processes.\n{failure_message(result)[-4000:]}")
     epochs = result.events("epoch")
     if not epochs:
         report.stop("the script logged no `epoch` metrics", "Keep the script's log_metrics call as given.")
     last = epochs[-1]
-    report.expect(last.get("num_processes") == nproc,
+    report.expect(last.get("world_size") == nproc,
                   f"Accelerate saw {nproc} processes ({last.get('distributed_type')})",
-                  f"Accelerate saw {last.get('num_processes')} process(es), expected {nproc}: each rank trained alone",
-                  "Create one Accelerator and let it prepare the model, optimizer, data loader and scheduler.")
-    seen = last.get("train_samples") or 0
-    # A prepared loader evens out the last batches by repeating a few samples (at most a batch per process).
-    report.expect(train_samples <= seen <= train_samples + nproc * 256,
-                  f"the processes together trained on {seen} samples: each of the {train_samples} once "
-                  f"(plus {seen - train_samples} repeated to even out the last batches)",
-                  f"the processes together trained on {seen} samples, expected about {train_samples}",
-                  "A data loader passed through accelerator.prepare gives every process its own shard.")
-    outputs = rank_outputs(result)
+                  f"Accelerate saw {last.get('world_size')} process(es), expected {nproc}: each rank trained alone",
+                  "Create one Accelerator, asking for the CPU unless every process has a GPU of its own.")
+    share = math.ceil(math.ceil(60000 / 256) / nproc)  # a prepared loader: the 235 batches split over the processes
+    report.expect(last.get("steps_per_epoch") == share,
+                  f"each process's loader holds {share} of the {math.ceil(60000 / 256)} batches",
+                  f"each process's loader holds {last.get('steps_per_epoch')} batches, expected {share}",
+                  "Pass the training loader through accelerator.prepare: it gives every process its own share.")
+    steps, scheduler_steps = last.get("steps") or 0, last.get("scheduler_steps")
+    report.expect(scheduler_steps == nproc * steps,
+                  f"the prepared scheduler stepped {scheduler_steps} times: once per process for each of the "
+                  f"{steps} optimizer steps, as its length (written for one process) expects",
+                  f"the scheduler stepped {scheduler_steps} times for {steps} optimizer steps, expected {nproc * steps}",
+                  "Prepare the scheduler with the model, the optimizer and the loaders, in one prepare() call.")
     sums = {r: re.findall(r"parameter checksum ([-\d.e+]+)", outputs.get(r, "")) for r in range(nproc)}
     report.expect(all(sums.values()) and len({s[-1] for s in sums.values()}) == 1,
                   "every process ends with the same weights",
