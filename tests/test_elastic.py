@@ -53,6 +53,9 @@ def test_restart_resumes_from_the_newest_checkpoint_and_finishes_every_epoch(tra
     # No env here: course_lib.torchrun itself must give each restart round its own rendezvous store.
     result = course_lib.torchrun(train_script, 2, max_restarts=3, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT,
                                  quiet=True, script_args=[*SMALL, "--fail-at-epoch", "1"])
+    assert result.spec.process_env()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1", "applied to the launch"
+    assert result.command_line.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ") or \
+        " TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " in result.command_line, "shown in the printed command"
     assert epochs_of(result) == [0, 1]
     assert result.events("epoch")[-1]["restart"] >= 1, "epoch 1 was finished by a restarted worker group"
     assert "injected failure on rank 1" in result.outputs[1]
