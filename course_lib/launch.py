@@ -302,7 +302,7 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
         elif echo and not quiet:
             print(line if line.endswith("\n") else line + "\n", end="", flush=True)
 
-    stopped = None
+    stopped, ended = None, False  # ended: the output stream is closed
     try:
         while True:
             if timeout is not None and time.monotonic() - start_time > timeout:
@@ -315,6 +315,7 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
             except queue.Empty:
                 continue
             if line is None:
+                ended = True
                 break
             take(line)
     except KeyboardInterrupt:
@@ -325,14 +326,14 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
               f"ended {count} process(es) of this run (torchrun and its workers).", flush=True)
     proc.wait()
     deadline = time.monotonic() + 2
-    while time.monotonic() < deadline:  # lines the reader got after we stopped looking
+    while not ended and time.monotonic() < deadline:  # lines the reader got after we stopped looking
         try:
             _, line = lines.get(timeout=0.1)
         except queue.Empty:
             continue
-        if line is None:
-            break
-        take(line, echo=not stopped)
+        ended = line is None
+        if not ended:
+            take(line, echo=not stopped)
     folder = _new_log_folder(spec.log_dir, earlier_logs)
     outputs = {rank: "\n".join(text) for rank, text in sorted(streamed.items())}
     if folder is not None and spec.nnodes == "1":  # one node: a local rank is the global rank
