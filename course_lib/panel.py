@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import launch
-from .devices import cpu_count, gpu_count
+from .devices import cpu_count, gpu_count, resolve_nproc
 from .metrics import read_metrics
 from .processes import stop_tree
 from .progress import EpochProgress
@@ -115,7 +115,7 @@ class LaunchPanel:
         style = {"description_width": "initial"}
         self.script = w.Dropdown(options=options, value=str(script or options[0]), description="script",
                                  layout=w.Layout(width="420px"))
-        self.nproc = w.BoundedIntText(value=int(nproc or launch.resolve_nproc(None)), min=1, max=most,
+        self.nproc = w.BoundedIntText(value=int(nproc or resolve_nproc(None)), min=1, max=most,
                                       description="processes", style=style, layout=w.Layout(width="150px"))
         self.epochs = w.BoundedIntText(value=int(epochs), min=1, max=1000, description="epochs", style=style,
                                        layout=w.Layout(width="130px"))
