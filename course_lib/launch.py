@@ -121,12 +121,18 @@ def display_command(argv: list[str], env: dict | None = None) -> str:
 _display = display_command  # the old private name, still used by benchmarks/bench.py
 
 
-def launch_environment(processes: int, max_restarts: int = 0, env: dict | None = None) -> dict[str, str]:
+def launch_environment(processes: int, max_restarts: int = 0, env: dict | None = None,
+                       accelerate_cpu: bool = False) -> dict[str, str]:
     """Every environment variable a launch sets, decided here and nowhere else; all of them are printed.
 
-    ``processes``: how many processes share this machine's cores. ``env``: the caller's own, on top.
+    ``processes``: how many processes share this machine's cores. ``accelerate_cpu``: ``accelerate launch``
+    is to put its processes on the CPU. ``env``: the caller's own, on top.
     """
     needed = {}
+    if accelerate_cpu:
+        # `accelerate launch --multi_gpu` starts N processes on CPU too, but each Accelerator() would then train
+        # alone on all the data (and `--cpu` starts one process): this makes them one gloo group (lesson 05).
+        needed["ACCELERATE_USE_CPU"] = "1"
     if "OMP_NUM_THREADS" not in os.environ:
         # torchrun would set 1 (with a warning); sharing the cores evenly is the intent.
         needed["OMP_NUM_THREADS"] = str(max(1, cpu_count() // max(1, processes)))
@@ -255,9 +261,8 @@ def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", 
     argv = accelerate_command(script, nproc, script_args=script_arguments(script_args, run_dir, epochs),
                               mixed_precision=mixed_precision, config_file=config_file, log_dir=folder / "logs")
     use_cpu = gpu_count() < nproc if cpu is None else cpu
-    added = {"ACCELERATE_USE_CPU": "1", **(env or {})} if use_cpu else env
-    spec = LaunchSpec(argv, folder, launch_environment(nproc, env=added), log_dir=folder / "logs", nproc=nproc,
-                      epochs=epochs)
+    spec = LaunchSpec(argv, folder, launch_environment(nproc, env=env, accelerate_cpu=use_cpu), log_dir=folder / "logs",
+                      nproc=nproc, epochs=epochs)
     return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress)
 
 

@@ -197,7 +197,9 @@ def test_accelerate_scripts_really_run_distributed_without_gpus(write, capsys):
     expected = "MULTI_GPU" if course_lib.gpu_count() >= 2 else "MULTI_CPU"
     assert sorted(result.outputs.values()) == [f"{expected} 2 0", f"{expected} 2 1"]
     if not course_lib.gpu_count():
-        assert capsys.readouterr().out.startswith("$ ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu")
+        shown = capsys.readouterr().out.splitlines()[0]
+        assert shown == f"$ {result.command_line}" and result.spec.env["ACCELERATE_USE_CPU"] == "1"
+        assert shown.startswith("$ ACCELERATE_USE_CPU=1 ") and "accelerate launch --multi_gpu" in shown
 
 
 def test_an_accelerate_script_that_asks_for_cpu_itself_joins_the_group_under_torchrun(write):
