@@ -86,14 +86,14 @@ def settings(fast: bool, cuda: bool, steps: int | None = None, repeats: int | No
         "mymodel": {"warmup": 5, "steps": (steps or 30) if fast else None, "log_every": 5 if fast else 20},
         # A resnet18 step on one CPU core takes about as long as a whole MyModel epoch: a few steps show the trend.
         "resnet18": {"warmup": 1, "steps": (20 if cuda else 3) if fast else (100 if cuda else 10),
-                     "log_every": 5 if cuda else 1, "batch": 128 if cuda else 32, "val_samples": 256},
+                     "log_every": 5 if cuda else 1, "batch": 128 if cuda else 32, "val_samples": 64},
         # bf16 autocast on a CPU without bf16 units can be many times slower (convolutions' slow path):
         # fixed steps in both modes, and a small resnet18 batch on CPUs.
         "mixed_precision": {"mymodel": {"warmup": 5, "steps": (steps or 30) if fast else 60, "log_every": 5},
                             "resnet18": {"warmup": 1, "steps": (20 if cuda else 2) if fast else (100 if cuda else 5),
                                          "log_every": 5 if cuda else 1, "batch": 128 if cuda else 8,
-                                         "val_samples": 256}},
-        "launch_pairs": max(repeats or 0, 2 if fast else 5),
+                                         "val_samples": 64}},
+        "launch_pairs": repeats or (2 if fast else 5),
     }
 
 
@@ -664,7 +664,7 @@ def main(argv=None) -> dict:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--steps", type=int, default=None, help="timed MyModel steps per launch in fast mode (default 30)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="rounds of every launch (default: 1 fast, 3 otherwise); also the launch-overhead pairs (at least 2)")
+                   help="rounds of every launch (default: 1 fast, 3 otherwise); also the launch-overhead pairs (default 2 fast, 5)")
     args = p.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)
