@@ -81,3 +81,14 @@ def test_magic_base_needs_a_value_and_an_existing_script(tmp_path):
         write_script_magic(f"{tmp_path / 'd.py'} --base", "x = 1")
     with pytest.raises(LineageError, match="no cell of the course writes"):
         write_script_magic(f"{tmp_path / 'd.py'} --base runs/nowhere/train.py", "x = 1")
+
+
+def test_written_script_has_ordinary_file_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        path = write_script(tmp_path / "s.py", "x = 1", quiet=True)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644
