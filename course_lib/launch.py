@@ -118,9 +118,6 @@ def display_command(argv: list[str], env: dict | None = None) -> str:
     return prefix + shlex.join(str(a) for a in shown)
 
 
-_display = display_command  # the old private name, still used by benchmarks/bench.py
-
-
 def launch_environment(processes: int, max_restarts: int = 0, env: dict | None = None,
                        accelerate_cpu: bool = False) -> dict[str, str]:
     """Every environment variable a launch sets, decided here and nowhere else; all of them are printed.
