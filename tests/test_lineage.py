@@ -1,0 +1,104 @@
+"""One lineage: every training script of lessons 02+ is a family's base plus marked regions, and every script
+the course writes also starts with plain ``python`` (a world of one) the way its docstring says."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_lib.scripts import LineageError, check_lineage, regions, script_cells, script_source
+
+ROOT = Path(__file__).resolve().parent.parent
+# The three families' bases: raw DDP (lesson 02), Accelerate (lesson 05's port), the Trainer (lesson 06).
+FAMILY_BASES = {"runs/02_ddp/train.py", "runs/05_accelerate/train.py", "runs/06_trainer/train.py"}
+TRAINS = re.compile(r"DistributedDataParallel|DDP\(|Accelerator\(|Trainer\(|fully_shard\(")
+
+
+def _cells(folders=("notebooks", "solutions", "exercises")):
+    found = []
+    for folder in folders:
+        for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+            for target, base, text in script_cells(notebook):
+                found.append(pytest.param(notebook, target, base, text, id=f"{notebook.stem}:{target}"))
+    return found
+
+
+CELLS = _cells()
+DERIVED = [c for c in CELLS if c.values[2] is not None]
+
+
+def test_every_family_base_is_written_by_a_lesson():
+    written = {c.values[1] for c in _cells(("notebooks",))}
+    assert FAMILY_BASES <= written, f"missing family bases: {sorted(FAMILY_BASES - written)}"
+
+
+@pytest.mark.parametrize("notebook,target,base,text", DERIVED)
+def test_derived_script_is_its_base_plus_marked_regions(notebook, target, base, text):
+    check_lineage(script_source(base), text, name=target, base_name=base)
+    assert regions(text), f"{target} declares --base {base} but marks no region: write the base itself instead"
+
+
+@pytest.mark.parametrize("notebook,target,base,text", CELLS)
+def test_training_scripts_from_lesson_02_on_belong_to_a_family(notebook, target, base, text):
+    lesson = int(notebook.name[:2])
+    if lesson < 2 or not TRAINS.search(text) or target in FAMILY_BASES:
+        return
+    assert base is not None, (f"{notebook.name}: {target} trains a model but is no family's base plus regions; "
+                              f"write it with %%write_script {target} --base <the family base or a script derived from it>")
+
+
+def test_a_stray_line_outside_the_regions_is_refused():
+    base = script_source("runs/02_ddp/train.py")
+    derived = base.replace("torch.manual_seed(args.seed)", "torch.manual_seed(1)", 1)
+    with pytest.raises(LineageError, match="outside every marked region"):
+        check_lineage(base, derived)
+
+
+def test_a_region_may_replace_base_lines_and_an_empty_region_removes_them():
+    base = "a\nb\nc\nd\n"
+    assert check_lineage(base, "a\n# >>> x: new b\nB\n# <<< x\nc\nd\n") is None
+    assert check_lineage(base, "a\n# >>> x: no b or c\n# <<< x\nd\n") is None
+    with pytest.raises(LineageError, match="leaves out"):
+        check_lineage(base, "a\nc\nd\n")
+    with pytest.raises(LineageError, match="never closed"):
+        check_lineage(base, "a\n# >>> x: open\nb\nc\nd\n")
+
+
+def _plain_command(text: str) -> list[str] | None:
+    for line in text.splitlines():
+        if line.strip().startswith("python "):
+            return shlex.split(line.strip())[1:]
+    return None
+
+
+PLAIN = [c for c in _cells(("notebooks", "solutions"))]
+
+
+@pytest.fixture(scope="module")
+def script_tree(tmp_path_factory):
+    """Every script the lessons and solutions write, laid out as the notebooks' folders hold them."""
+    tree = tmp_path_factory.mktemp("course")
+    for param in PLAIN:
+        notebook, target, _, text = param.values
+        path = tree / notebook.parent.name / target
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tree
+
+
+@pytest.mark.parametrize("notebook,target,base,text", PLAIN)
+def test_script_starts_with_plain_python_as_its_docstring_says(notebook, target, base, text, script_tree, mirror):
+    command = _plain_command(text)
+    assert command, f"{target}: its docstring names no `python {target} ...` command (a world of one process)"
+    assert command[0] == target, f"{target}: the docstring's python command runs {command[0]}, not this script"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, *command], cwd=script_tree / notebook.parent.name, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        assert "torchrun" in last and "Traceback" not in done.stderr, (
+            f"{target} failed under plain python with no one-line reason naming torchrun:\n{done.stderr[-3000:]}")
