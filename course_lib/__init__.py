@@ -3,9 +3,10 @@
 Small modules, one job each. The learner core: ``data`` (MNIST), ``model`` (the seed's MyModel),
 ``devices`` (GPUs, backends, doctor), ``scripts`` (write a cell to a file), ``launch`` (torchrun and
 accelerate from a cell, described by a ``LaunchSpec``), ``metrics`` (JSON lines), ``errors`` (every
-error a learner can cause) and ``processes`` (start a command, end its process tree). The live views:
-``progress`` and ``panel``. The instructors' tools: ``checks``, ``grading``, ``exercises`` and
-``notebooks`` (parameters injection shared by the grader and the tests). What the lessons teach
+error a learner can cause) and ``processes`` (start a command, end its process tree). The live views,
+in ``course_lib.ui``: ``progress`` and ``panel``. The instructors' tools, in ``course_lib.teaching``: ``checks``
+(one module per lesson), ``grading``, ``exercises`` and ``notebooks`` (the parameter injection shared by the
+grader and the tests). What the lessons teach
 (process groups, samplers, DDP, checkpoints) stays in the lessons' scripts.
 
 Names are imported lazily so that ``python3 -m course_lib setup`` works before torch is installed.

@@ -107,7 +107,7 @@ def _main(argv: list[str]) -> int:
 
 
 #: Commands whose code lives in a module of their own (instructors' tools), by the module's name.
-MODULE_COMMANDS = {"exercises": "exercises", "grade": "grading"}
+MODULE_COMMANDS = {"exercises": "teaching.exercises", "grade": "teaching.grading"}
 
 
 if __name__ == "__main__":

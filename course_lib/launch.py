@@ -273,10 +273,10 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
     ``cmd`` may also be a command list built by hand, with its ``run_dir``, ``shown_env`` (variables it
     needs, applied and printed in front of it) and ``log_dir`` (its ``--log-dir``, to read each rank's
     output back). ``env``: the whole environment to start from (default: ours). ``progress``: False streams
-    every line; True prints one compact line per epoch (``course_lib.progress.EpochProgress``); any object
+    every line; True prints one compact line per epoch (``course_lib.ui.progress.EpochProgress``); any object
     with that class's ``start/line/poll/close`` methods (the launch panel) gets the run live.
     """
-    from .progress import make_watcher
+    from .ui.progress import make_watcher
 
     spec = cmd if isinstance(cmd, LaunchSpec) else LaunchSpec(
         [str(a) for a in cmd], Path(run_dir), {k: str(v) for k, v in (shown_env or {}).items()},

@@ -1,7 +1,7 @@
 """Execute a notebook headlessly in a fresh kernel, with fast parameters injected after its parameters cell.
 
 A notebook names its own fast settings in its metadata, ``{"course": {"fast_parameters": {"EPOCHS": 1}}}``,
-so the tests and the grader use the same values, injected by the same code (``course_lib.notebooks``).
+so the tests and the grader use the same values, injected by the same code (``course_lib.teaching.notebooks``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from course_lib.notebooks import fast_parameters, inject_parameters, parameters_index  # noqa: F401 (re-exported)
+from course_lib.teaching.notebooks import fast_parameters, inject_parameters, parameters_index  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -41,8 +41,8 @@ def test_any_other_error_keeps_its_traceback(monkeypatch):
 
 
 def test_a_module_that_fails_to_import_raises_its_own_import_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "course_lib.grading", None)  # importing it now raises ImportError
-    with pytest.raises(ImportError, match="course_lib.grading"):
+    monkeypatch.setitem(sys.modules, "course_lib.teaching.grading", None)  # importing it now raises ImportError
+    with pytest.raises(ImportError, match="course_lib.teaching.grading"):
         cli.main(["--no-venv", "grade", "nothing.ipynb"])
 
 

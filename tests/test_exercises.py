@@ -7,9 +7,9 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from course_lib.exercises import (BEGIN, DEFAULT_HINT, END, EXERCISES, SOLUTIONS, MarkerError, build,
+from course_lib.teaching.exercises import (BEGIN, DEFAULT_HINT, END, EXERCISES, SOLUTIONS, MarkerError, build,
                                   make_exercise, solution_notebooks, solution_regions)
-from course_lib.grading import NOT_ATTEMPTED_ERRORS, task_of
+from course_lib.teaching.grading import NOT_ATTEMPTED_ERRORS, task_of
 from notebook_runner import ROOT, fast_parameters, inject_parameters
 
 SOLUTION_PATHS = solution_notebooks()

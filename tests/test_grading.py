@@ -10,7 +10,7 @@ import nbformat
 import psutil
 import pytest
 
-from course_lib.grading import FAILED, NOT_ATTEMPTED, PASSED, grade
+from course_lib.teaching.grading import FAILED, NOT_ATTEMPTED, PASSED, grade
 from notebook_runner import ROOT
 
 TASKS = {

@@ -31,7 +31,7 @@ import nbformat
 
 from .exercises import EXERCISES
 from .notebooks import fast_parameters, inject_parameters
-from .processes import stop_tree
+from ..processes import stop_tree
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 NOT_ATTEMPTED_ERRORS = {"NotImplementedError", "NotAttempted"}
@@ -238,7 +238,7 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
         log = open(base / "worker.log", "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
         worker = subprocess.Popen(
-            [sys.executable, "-m", "course_lib.grading", "--worker", str(notebook), str(records_path),
+            [sys.executable, "-m", "course_lib.teaching.grading", "--worker", str(notebook), str(records_path),
              "--cell-timeout", str(cell_timeout)],
             cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         why = ""
@@ -333,7 +333,7 @@ def cli(argv: list[str]) -> int:
 
 
 def _worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.grading --worker")
+    parser = argparse.ArgumentParser(prog="python -m course_lib.teaching.grading --worker")
     parser.add_argument("--worker", nargs=2, metavar=("NOTEBOOK", "RESULTS"), required=True)
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT)
     args = parser.parse_args(argv)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import nbformat
 
-from .errors import MarkerError
+from ..errors import MarkerError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .metrics import read_metrics
+from ..metrics import read_metrics
 
 BAR_WIDTH = 20
 

@@ -2,7 +2,7 @@
 
 Defined for lesson 07 (used from lesson 02 on)::
 
-    from course_lib.panel import LaunchPanel
+    from course_lib.ui import LaunchPanel
     panel = LaunchPanel(script="runs/02_ddp/train.py", nproc=2, epochs=1)   # shows the widgets
     panel.run(); result = panel.wait()   # or click Run / Stop
 
@@ -20,12 +20,12 @@ import threading
 import time
 from pathlib import Path
 
-from . import launch
-from .devices import cpu_count, gpu_count, resolve_nproc
-from .metrics import read_metrics
-from .processes import stop_tree
+from .. import launch
+from ..devices import cpu_count, gpu_count, resolve_nproc
+from ..metrics import read_metrics
+from ..processes import stop_tree
 from .progress import EpochProgress
-from .scripts import in_notebook
+from ..scripts import in_notebook
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LAUNCHERS = ("torchrun", "accelerate")

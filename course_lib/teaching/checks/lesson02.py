@@ -1,0 +1,138 @@
+"""Checks of lesson 02 (DDP): exact distributed accuracy, a DDP training run with its checkpoint."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+import torch
+
+from .harness import Report, call, launch_script, rank_outputs, reference_accuracy, reference_top3, run_harness
+
+
+def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
+    """Task 02.1: ``evaluate`` (lesson 02's signature) counts every validation sample exactly once at any world size."""
+    report = Report("02.1", "evaluate(model, val_set, rank, world_size, device, batch_size) at "
+                    + " and ".join(f"{n}" for n in nprocs) + " processes")
+    want_acc, want_count = reference_accuracy()
+    want_acc3 = reference_top3()
+    print(f"  (one process over all {want_count} samples: top-1 {want_acc:.4f}, top-3 {want_acc3:.4f})")
+    for nproc in nprocs:
+        found = run_harness("02.1", script, """
+            from torch.utils.data import TensorDataset
+            from course_lib import MyModel, mnist_tensors
+
+            torch.manual_seed(0)
+            model = MyModel().eval()
+            val_set = TensorDataset(*mnist_tensors(train=False))
+            metrics = learner.evaluate(model, val_set, rank, world_size, torch.device("cpu"), 256)
+            if not isinstance(metrics, dict):
+                raise TypeError(f"evaluate returned {type(metrics).__name__}, not the dict of val_acc, val_acc3, "
+                                "val_correct and val_count")
+            report(accuracy=float(metrics["val_acc"]), accuracy3=float(metrics["val_acc3"]),
+                   correct=int(metrics["val_correct"]), count=int(metrics["val_count"]))
+        """, nproc=nproc)
+        for rank, values in sorted(found.items()):
+            count, acc = values["count"], values["accuracy"]
+            where = f"{nproc} processes, rank {rank}"
+            if count == want_count:
+                report.ok(f"{where}: count = {count}")
+            elif count == math.ceil(want_count / nproc) * nproc:
+                report.fail(f"{where}: count = {count}, {count - want_count} padded sample(s) counted twice",
+                            "DistributedSampler repeats samples so every rank gets the same number; "
+                            "shard the indices yourself so each sample belongs to exactly one rank.")
+            elif count < want_count:
+                report.fail(f"{where}: count = {count}, only part of the {want_count} samples",
+                            "Each rank sees only its shard: combine the counts of all ranks.")
+            else:
+                report.fail(f"{where}: count = {count}, expected {want_count}")
+            report.expect(abs(acc - want_acc) < 6e-4, f"{where}: accuracy {acc:.4f}",
+                          f"{where}: accuracy {acc:.4f}, expected {want_acc:.4f}",
+                          "Accuracy = all correct predictions / all samples, summed over ranks before dividing "
+                          "(an average of per-batch or per-rank accuracies is biased).")
+            report.expect(abs(values["accuracy3"] - want_acc3) < 6e-4, f"{where}: top-3 {values['accuracy3']:.4f}",
+                          f"{where}: top-3 {values['accuracy3']:.4f}, expected {want_acc3:.4f}",
+                          "Top-3: the label is among the 3 largest outputs (topk(3)); count those like the top-1 hits.")
+            report.expect(values["correct"] == round(acc * count), f"{where}: val_correct = {values['correct']}",
+                          f"{where}: val_correct = {values['correct']}, but val_acc x val_count = {acc * count:.1f}",
+                          "val_correct is the number of correct top-1 predictions over all ranks.")
+    report.done()
+
+
+def check_ddp_training(script, nproc: int = 2, max_steps: int | None = None) -> None:
+    """Task 02.2: DDP training: disjoint shards, identical weights on every rank, a loadable checkpoint."""
+    from course_lib.data import mnist_tensors
+    from course_lib.model import MyModel
+
+    steps = "the whole epoch" if max_steps is None else f"{max_steps} steps"
+    report = Report("02.2", f"DDP training on {nproc} processes, one epoch ({steps})")
+    script = Path(script)
+    checkpoint = script.parent / "checkpoints" / "checkpoint-0.pt"
+    checkpoint.unlink(missing_ok=True)  # only this run's checkpoint counts
+    script_args = ["--epochs", "1"] + ([] if max_steps is None else ["--max-steps", str(max_steps)])
+    result = launch_script("02.2", script, nproc=nproc, script_args=script_args)
+    epochs = result.events("epoch")
+    if not epochs:
+        report.stop("the script logged no `epoch` metrics", "Keep the log_metrics call of the script as given.")
+    last = epochs[-1]
+    outputs = rank_outputs(result)
+    shard = re.search(r"(\d+) training samples, (\d+) per rank", outputs.get(0, ""))
+    if shard is None:
+        report.fail("rank 0 printed no line `N training samples, M per rank, ...` (keep that print of the script)")
+    else:
+        total, per_rank = int(shard[1]), int(shard[2])
+        if per_rank == math.ceil(total / nproc):
+            report.ok(f"each rank trains on its own shard: {per_rank} of the {total} samples")
+        elif per_rank == total:
+            report.fail(f"every rank trains on all {total} samples",
+                        "Give the training DataLoader a DistributedSampler that hands each rank its own shard.")
+        else:
+            report.fail(f"each rank's sampler holds {per_rank} of {total} samples, expected {math.ceil(total / nproc)}",
+                        "DistributedSampler needs num_replicas=world_size and this process's rank.")
+    sums = {}
+    for rank in range(nproc):
+        found = re.findall(r"parameter checksum ([-\d.e+]+)", outputs.get(rank, ""))
+        if found:
+            sums[rank] = float(found[-1])
+    if len(sums) == nproc and len(set(sums.values())) == 1:
+        report.ok(f"all {nproc} ranks end with identical weights (checksum {sums[0]:.6f})")
+    elif len(sums) == nproc:
+        report.fail(f"the ranks end with different weights: {sums}",
+                    "Without gradient synchronisation each rank trains its own model: wrap the model for DDP.")
+    else:
+        report.fail("not every rank printed its `parameter checksum` line (keep the checksum region of the script)")
+    acc = last.get("val_acc")
+    if acc is None:
+        report.stop("the epoch metrics have no `val_acc`", "Keep the log_metrics call of the script as given.")
+    report.expect(acc > 0.85, f"validation accuracy {acc:.4f} after one epoch",
+                  f"validation accuracy {acc:.4f} after one epoch, expected above 0.85",
+                  "Check the learning rate and that every rank steps its optimizer after backward.")
+    if not checkpoint.is_file():
+        report.stop(f"no checkpoint at {checkpoint}",
+                    "Rank 0 saves after the epoch, in save_checkpoint, at the path the script passes it.")
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        report.stop(f"{checkpoint} does not load with weights_only=True ({type(exc).__name__}: {exc})",
+                    "Save plain tensors and numbers in a dict: state_dicts and the epoch.")
+    missing = {"model", "optimizer", "epoch"} - set(state) if isinstance(state, dict) else {"model", "optimizer", "epoch"}
+    if missing:
+        report.stop(f"the checkpoint lacks the key(s) {sorted(missing)}",
+                    "Save a dict with 'model', 'optimizer' and 'epoch'.")
+    report.ok("the checkpoint loads with weights_only=True and has model, optimizer and epoch")
+    keys = list(state["model"])
+    if any(k.startswith("module.") for k in keys):
+        report.stop("the checkpoint's model keys start with `module.`: they do not load into a plain MyModel",
+                    "Save the state_dict of the model inside the DDP wrapper (`model`), not of the wrapper.")
+    model = MyModel()
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        report.stop(f"the checkpoint's model does not load into MyModel: {str(exc)[:300]}")
+    X, y = mnist_tensors(train=False)
+    with torch.no_grad():
+        own = (model.eval()(X).argmax(1) == y).float().mean().item()
+    report.expect(abs(own - acc) < 2e-3,
+                  f"the checkpoint's weights reproduce the logged accuracy ({own:.4f})",
+                  f"the checkpoint's weights give accuracy {own:.4f}, the run logged {acc}",
+                  "Save after training, the weights the run evaluated.")
+    report.done()
