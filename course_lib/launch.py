@@ -389,33 +389,45 @@ def _new_log_folder(log_dir: Path | None, earlier: set[Path]) -> Path | None:
 
 # --- explaining a failure ----------------------------------------------------------------------
 
-_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+) \(local_rank: (\d+)\).*?"
-    r"exitcode\s*:\s*(-?\d+).*?error_file:\s*(\S+)", re.S)
+_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+) \(local_rank: (\d+)\)\s*exitcode\s*:\s*(-?\d+).*?error_file:\s*(\S+)", re.S)
+
+
+def _how(exitcode: int) -> str:
+    if exitcode >= 0:
+        return f"exited with code {exitcode}"
+    try:
+        return f"was killed by signal {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"was killed by signal {-exitcode}"
 
 
 def failure_message(result: RunResult) -> str:
-    """One paragraph: which rank failed, how, and its own traceback (from torchrun's error file)."""
+    """One paragraph: which rank failed, how, and its own traceback (from torchrun's error file).
+
+    torchrun names as root cause the failure with the earliest timestamp, but a rank killed by a signal has no error
+    file and is stamped when torchrun notices it, after the ranks that then crashed on the broken connection. So a
+    rank killed by a signal other than the SIGTERM torchrun sends to stop the others is named first.
+    """
     cmd = result.command_line
-    match = _ROOT_CAUSE.search(result.launcher_output)
-    if not match:
-        tail = "\n".join(result.launcher_output.splitlines()[-20:])
+    output = result.launcher_output
+    root = output.find("Root Cause (first observed failure):")
+    failures = [(int(m[1]), int(m[2]), int(m[3]), m[4], m.start() > root >= 0) for m in _FAILURE.finditer(output)]
+    if not failures:
+        tail = "\n".join(output.splitlines()[-20:])
         return f"`{cmd}` exited with code {result.returncode}.\n{tail}"
-    rank, local_rank, exitcode, error_file = int(match[1]), int(match[2]), int(match[3]), match[4]
-    if exitcode < 0:
-        try:
-            how = f"was killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            how = f"was killed by signal {-exitcode}"
-    else:
-        how = f"exited with code {exitcode}"
+    killed = [f for f in failures if f[2] < 0 and -f[2] != signal.SIGTERM]
+    rank, local_rank, exitcode, error_file, _ = (killed or [f for f in failures if f[4]] or failures)[0]
     traceback = _traceback_from_error_file(error_file) or _traceback_from_output(result.outputs.get(rank, ""))
-    message = f"Rank {rank} (local rank {local_rank}) {how}; the job was stopped.\n"
+    message = f"Rank {rank} (local rank {local_rank}) {_how(exitcode)}; the job was stopped.\n"
     if traceback:
         message += f"Rank {rank}'s traceback:\n{traceback.rstrip()}\n"
     else:
         message += f"Rank {rank} printed no traceback. Its last lines:\n" + "\n".join(
             result.outputs.get(rank, "").splitlines()[-10:]) + "\n"
+    others = sorted({(f[0], _how(f[2])) for f in failures if f[0] != rank})
+    if others:
+        message += "Then: " + "; ".join(f"rank {r} {how}" for r, how in others) + ".\n"
     return message + f"Command: {cmd}"
 
 

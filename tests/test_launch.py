@@ -240,3 +240,32 @@ def test_rank_logs_reads_each_rank_attempt_after_attempt(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     assert rank_logs(tmp_path) == {0: "a0 out\na0 err\na1 out\na10 out", 1: "r1"}
+
+
+def test_a_rank_killed_by_a_signal_is_named_before_the_peer_that_crashed_on_its_broken_connection(tmp_path):
+    # torchrun's summary when rank 0 is SIGKILLed mid-collective: rank 1 raises on the closed connection and writes
+    # its error file first, so torchrun calls rank 1 the "first observed failure"; rank 0 has no error file and is
+    # stamped when torchrun notices it. The summary layout is torchrun's (errors/__init__.py's templates).
+    error_file = tmp_path / "error.json"
+    error_file.write_text('{"message": {"message": "RuntimeError: Connection closed by peer", "extraInfo": '
+                          '{"py_callstack": "Traceback (most recent call last):\\nRuntimeError: Connection closed '
+                          'by peer", "timestamp": "1"}}}')
+    block = ("[{idx}]:\n  time      : 2026-12-01_12:00:0{idx}\n  host      : here\n  rank      : {rank} (local_rank: "
+             "{rank})\n  exitcode  : {code} (pid: 4{rank}) {name}\n  error_file: {file}\n  traceback : {tb}\n")
+    summary = ("train.py FAILED\n------\nFailures:\n"
+               + block.format(idx=1, rank=0, code=-9, name="(SIGKILL)", file="<N/A>", tb="Signal 9 (SIGKILL)")
+               + "------\nRoot Cause (first observed failure):\n"
+               + block.format(idx=0, rank=1, code=-15, name="(SIGTERM)", file=error_file, tb="Traceback ...")
+               + "======\n")
+    result = course_lib.launch.RunResult(LaunchSpec(["torchrun", "train.py"], tmp_path), 1, 1.0,
+                                         outputs={0: "epoch 0\n", 1: ""}, launcher_output=summary)
+    message = course_lib.launch.failure_message(result)
+    assert message.startswith("Rank 0 (local rank 0) was killed by signal SIGKILL; the job was stopped.")
+    assert "Rank 0 printed no traceback. Its last lines:\nepoch 0" in message
+    assert "Then: rank 1 was killed by signal SIGTERM." in message
+    # without a foreign signal, torchrun's own root cause is the one named
+    result.launcher_output = summary.replace("exitcode  : -9 (pid: 40) (SIGKILL)", "exitcode  : 1 (pid: 40)")
+    message = course_lib.launch.failure_message(result)
+    assert message.startswith("Rank 1 (local rank 1) was killed by signal SIGTERM")
+    assert "Rank 1's traceback:\nTraceback (most recent call last):\nRuntimeError: Connection closed" in message
+    assert "Then: rank 0 exited with code 1." in message
