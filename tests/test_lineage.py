@@ -5,6 +5,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -77,27 +78,46 @@ def _plain_command(text: str) -> list[str] | None:
 PLAIN = [c for c in _cells(("notebooks", "solutions"))]
 
 
+def _run_plain(tree: Path, mirror: Path, notebook: Path, target: str, text: str):
+    command = _plain_command(text)
+    if not command or command[0] != target:
+        return command, None
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
+    return command, subprocess.run([sys.executable, *command], cwd=tree / notebook.parent.name, env=env,
+                                   capture_output=True, text=True, timeout=600)
+
+
 @pytest.fixture(scope="module")
-def script_tree(tmp_path_factory):
-    """Every script the lessons and solutions write, laid out as the notebooks' folders hold them."""
+def plain_runs(tmp_path_factory, mirror):
+    """Every script the lessons and solutions write, laid out as the notebooks' folders hold them, each run once
+    with plain python. A notebook's scripts run in its order (an evaluation reads the checkpoint its training
+    wrote); two notebooks at a time, one process each, on the machine's cores."""
     tree = tmp_path_factory.mktemp("course")
+    by_notebook: dict[Path, list] = {}
     for param in PLAIN:
         notebook, target, _, text = param.values
         path = tree / notebook.parent.name / target
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return tree
+        by_notebook.setdefault(notebook, []).append((target, text))
+
+    def run_notebook(notebook):
+        return {(notebook, target): _run_plain(tree, mirror, notebook, target, text)
+                for target, text in by_notebook[notebook]}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        runs = {}
+        for done in pool.map(run_notebook, by_notebook):
+            runs.update(done)
+    return runs
 
 
 @pytest.mark.parametrize("notebook,target,base,text", PLAIN)
-def test_script_starts_with_plain_python_as_its_docstring_says(notebook, target, base, text, script_tree, mirror):
-    command = _plain_command(text)
+def test_script_starts_with_plain_python_as_its_docstring_says(notebook, target, base, text, plain_runs):
+    command, done = plain_runs[(notebook, target)]
     assert command, f"{target}: its docstring names no `python {target} ...` command (a world of one process)"
     assert command[0] == target, f"{target}: the docstring's python command runs {command[0]}, not this script"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, *command], cwd=script_tree / notebook.parent.name, env=env,
-                          capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [""])[-1]
         assert "torchrun" in last and "Traceback" not in done.stderr, (
