@@ -298,6 +298,9 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
         text = line.rstrip("\n")
         match = RANK_LINE.match(text)
         rank, text = (int(match.group(1)), match.group(2)) if match else (None, text)
+        if match and text.startswith(f"[rank{rank}]:"):  # torch prefixes a rank's traceback itself: show it once
+            text = text[len(f"[rank{rank}]:"):].lstrip(" ")
+            line = f"[rank{rank}]: {text}\n"
         streamed.setdefault(rank, []).append(text) if match else launcher.append(text)
         if watcher:
             watcher.line(rank, text)

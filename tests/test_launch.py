@@ -269,3 +269,11 @@ def test_a_rank_killed_by_a_signal_is_named_before_the_peer_that_crashed_on_its_
     assert message.startswith("Rank 1 (local rank 1) was killed by signal SIGTERM")
     assert "Rank 1's traceback:\nTraceback (most recent call last):\nRuntimeError: Connection closed" in message
     assert "Then: rank 0 exited with code 1." in message
+
+
+def test_a_failing_ranks_traceback_is_streamed_with_one_rank_prefix(worker, capsys):
+    with pytest.raises(LaunchError):
+        torchrun(worker, nproc=2, script_args=["--fail-rank", "1"])
+    out = capsys.readouterr().out
+    assert "[rank1]: ValueError: deliberate failure on rank 1" in out
+    assert "[rank1]: [rank1]:" not in out, "torch's own rank prefix is not shown twice"
