@@ -2,7 +2,7 @@
 
 Small modules, one job each. The learner core: ``data`` (MNIST), ``model`` (the seed's MyModel),
 ``devices`` (GPUs, backends, doctor), ``scripts`` (write a cell to a file), ``launch`` (torchrun and
-accelerate from a cell, described by a ``LaunchSpec``), ``metrics`` (JSON lines), ``errors`` (every
+accelerate from a cell, described by a ``LaunchSpec``), ``metrics`` (JSON lines), ``display`` (tables, fresh run folders), ``errors`` (every
 error a learner can cause) and ``processes`` (start a command, end its process tree). The live views,
 in ``course_lib.ui``: ``progress`` and ``panel``. The instructors' tools, in ``course_lib.teaching``: ``checks``
 (one module per lesson), ``grading``, ``exercises`` and ``notebooks`` (the parameter injection shared by the
@@ -20,6 +20,7 @@ _EXPORTS = {
     "doctor": "devices", "gpu_count": "devices", "cpu_count": "devices", "available_backends": "devices",
     "default_nproc": "devices", "choose_backend": "devices",
     "write_script": "scripts",
+    "show_table": "display", "fresh_run_dir": "display",
     "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchSpec": "launch",
     "DataError": "errors", "LaunchConfigError": "errors", "LaunchError": "errors", "LaunchTimeout": "errors",
     "log_metrics": "metrics", "read_metrics": "metrics", "plot_metrics": "metrics",

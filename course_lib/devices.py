@@ -68,6 +68,11 @@ def choose_backend(nproc_per_node: int | None = None, requested: str | None = No
     if requested not in (None, "nccl", "gloo", "mpi"):
         raise LaunchConfigError(f"Unknown backend {requested!r}: use 'nccl' (GPUs) or 'gloo' (CPU or GPU).")
     if requested == "nccl":
+        if not dist.is_nccl_available():
+            raise LaunchConfigError(
+                "backend 'nccl' is not in this PyTorch build (Windows and macOS builds have none). "
+                "Use backend='gloo' (or leave it unset), which runs on CPU and on GPUs."
+            )
         if not gpus:
             raise LaunchConfigError(
                 "backend 'nccl' needs CUDA GPUs and this machine has none. "
@@ -136,7 +141,7 @@ def doctor() -> None:
     rows = environment_report()
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    from .scripts import in_notebook
+    from .display import in_notebook
 
     if in_notebook():
         from html import escape

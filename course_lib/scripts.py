@@ -24,6 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .display import in_notebook
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = re.compile(r"^\s*# >>> (?P<name>[\w.-]+)(:.*)?$")
 END = re.compile(r"^\s*# <<< (?P<name>[\w.-]+)\s*$")
@@ -218,15 +220,6 @@ def show_diff(base_text: str, derived_text: str, base_name: str = "base", name: 
                    for line in lines[2:])
     display(HTML(f"<details open><summary><b>{html.escape(summary)}</b></summary>"
                  f'<pre style="font-size:85%;line-height:1.25">{rows}</pre></details>'))
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (where HTML shows), False in a shell, a terminal IPython or a test."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return type(get_ipython()).__name__ == "ZMQInteractiveShell"
 
 
 def write_script_magic(line: str, cell: str) -> None:

@@ -64,3 +64,11 @@ def test_doctor_prints_a_table_with_the_choice(capsys):
     out = capsys.readouterr().out
     for item in ("torch", "GPUs", "CPU cores", "process-group backends", "MNIST ready", "default backend", "why"):
         assert item in out
+
+
+def test_without_nccl_in_the_build_gpus_get_gloo_and_a_request_for_nccl_says_why(monkeypatch):
+    monkeypatch.setattr(devices, "gpu_count", lambda: 2)
+    monkeypatch.setattr(devices.dist, "is_nccl_available", lambda: False)
+    assert devices.choose_backend(2) == "gloo"
+    with pytest.raises(LaunchConfigError, match="not in this PyTorch build.*backend='gloo'"):
+        devices.choose_backend(2, requested="nccl")

@@ -25,7 +25,7 @@ from ..devices import cpu_count, gpu_count, resolve_nproc
 from ..metrics import read_metrics
 from ..processes import stop_tree
 from .progress import EpochProgress
-from ..scripts import in_notebook
+from ..display import in_notebook
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
 LAUNCHERS = ("torchrun", "accelerate")

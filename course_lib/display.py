@@ -1,0 +1,53 @@
+"""What every lesson shows besides plots: a table of results, and an empty folder for a run."""
+from __future__ import annotations
+
+import html
+import shutil
+from pathlib import Path
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where HTML shows), False in a shell, a terminal IPython or a test."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return type(get_ipython()).__name__ == "ZMQInteractiveShell"
+
+
+def show_table(rows: list[dict], columns: list[str] | None = None, title: str | None = None,
+               formats: dict[str, str] | None = None) -> None:
+    """Show a list of dicts as a table: HTML in Jupyter, aligned text anywhere else.
+
+    ``columns``: which keys, in order (default: the first row's); ``formats``: a format per column, e.g.
+    ``{"val_acc": "{:.4f}"}``. A missing key shows as an empty cell.
+    """
+    columns = list(columns or (rows[0] if rows else []))
+    formats = formats or {}
+
+    def cell(row, column):
+        value = row.get(column, "")
+        return formats[column].format(value) if column in formats and value != "" else str(value)
+
+    cells = [[cell(row, c) for c in columns] for row in rows]
+    if in_notebook():
+        from IPython.display import HTML, display
+
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in cells)
+        caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
+        display(HTML(f"<table>{caption}<tr>{head}</tr>{body}</table>"))
+        return
+    widths = [max(len(str(c)), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = [title] if title else []
+    lines.append("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    print("\n".join(lines))
+
+
+def fresh_run_dir(path: str | Path) -> Path:
+    """``path`` as an empty folder: a checkpoint left there by an earlier execution would be resumed."""
+    folder = Path(path)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder

@@ -1,0 +1,27 @@
+"""The lessons' shared display helpers: tables of results, empty run folders."""
+from course_lib import fresh_run_dir, show_table
+
+
+def test_a_table_outside_jupyter_is_aligned_text_with_the_chosen_columns_and_formats(capsys):
+    rows = [{"run": "ddp", "val_acc": 0.98123, "seconds": 3.0}, {"run": "accelerate", "val_acc": 0.9799}]
+    show_table(rows, ["run", "val_acc", "seconds"], title="two runs", formats={"val_acc": "{:.3f}"})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "two runs"
+    assert lines[1].split() == ["run", "val_acc", "seconds"]
+    assert lines[2].split() == ["ddp", "0.981", "3.0"]
+    assert lines[3].split() == ["accelerate", "0.980"], "a missing key is an empty cell, not an error"
+    assert len({line.index(word) for line, word in zip(lines[1:], ["val_acc", "0.981", "0.980"])}) == 1, "aligned"
+
+
+def test_columns_default_to_the_first_rows_keys_in_order(capsys):
+    show_table([{"b": 1, "a": 2}])
+    assert capsys.readouterr().out.splitlines()[0].split() == ["b", "a"]
+
+
+def test_a_fresh_run_dir_is_empty_even_when_an_earlier_run_left_a_checkpoint(tmp_path):
+    old = tmp_path / "run" / "checkpoints" / "checkpoint-0.pt"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"weights")
+    folder = fresh_run_dir(tmp_path / "run")
+    assert folder == tmp_path / "run" and folder.is_dir() and not any(folder.iterdir())
+    assert fresh_run_dir(tmp_path / "new" / "nested").is_dir()
