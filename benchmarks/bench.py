@@ -471,9 +471,57 @@ def target_table(result: dict) -> dict:
         "trainer_vs_ddp": result.get("abstraction", {}).get("ratio_to_ddp", {}).get("trainer"),
         "course_lib_launch_vs_shell": result.get("launch", {}).get("ratio"),
     }
+    section = {"tensor_pipeline_vs_compute_only": "abstraction", "accelerate_vs_ddp": "abstraction",
+               "trainer_vs_ddp": "abstraction", "course_lib_launch_vs_shell": "launch"}
+    adopted = result.get("adopted", {})
     return {name: {"measured": measured[name], "target": target, "what": what,
-                   "met": None if measured[name] is None else measured[name] <= target}
+                   "met": None if measured[name] is None else measured[name] <= target,
+                   "source": "reference run" if section[name] in adopted else "this run"}
             for name, (target, what) in TARGETS.items()}
+
+
+def _result(fast: bool, nproc: int | None, steps: int | None, repeats: int | None, previous: dict | None):
+    """``previous`` if it was made with these settings (else an error), or a new, empty result."""
+    cuda = course_lib.gpu_count() > 0
+    cfg = settings(fast, cuda, steps, repeats)
+    nproc = nproc or (course_lib.gpu_count() or 2)
+    if previous and (previous["settings"] != cfg or previous["nproc"] != nproc):
+        raise ValueError("previous= holds a run with other settings; start a new one (previous=None)")
+    result = previous or {"machine": machine(), "settings": cfg, "nproc": nproc, "runs": {}, "load": [],
+                          "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+                          "note": ("fast: a fixed number of steps per launch, epoch times extrapolated" if fast
+                                   else "MyModel: whole epochs timed")}
+    return result, cfg, nproc
+
+
+def adopt(reference: dict, section: str, fast: bool = True, out=None, nproc: int | None = None,
+          steps: int | None = None, repeats: int | None = None, plot: bool = True, previous: dict | None = None,
+          **_) -> dict:
+    """Take ``section`` from an earlier run's result (a ``bench.json``, loaded) instead of measuring it now.
+
+    For a notebook that measures only some sections live: the result records, under ``"adopted"``, each section
+    that came from elsewhere with the machine, settings, date and load of the run that measured it. Takes the
+    same keyword arguments as ``run`` (so one ``options`` dict serves both) and writes ``bench.json`` the same way.
+    """
+    if section not in SECTIONS:
+        raise ValueError(f"unknown section {section!r}; choose from {', '.join(SECTIONS)}")
+    if section not in reference:
+        raise ValueError(f"the reference run has no {section!r} section; measure it live instead")
+    result, _, _ = _result(fast, nproc, steps, repeats, previous)
+    result[section] = json.loads(json.dumps(reference[section]))  # a copy: the reference stays as it was
+    result.setdefault("adopted", {})[section] = {
+        "machine": reference["machine"], "settings": reference["settings"], "nproc": reference["nproc"],
+        "date": reference.get("date", "not recorded"), "note": reference["note"],
+        "busy": any(state["busy"] for state in reference.get("load", []))}
+    result["targets"] = target_table(result)
+    out = Path(out or DEFAULT_OUT).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1))
+    if plot:
+        import matplotlib.pyplot as plt
+
+        plt.close(plot_result(result, out / "bench.png"))
+    return result
 
 
 def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS, steps: int | None = None,
@@ -491,14 +539,9 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
     out = Path(out or DEFAULT_OUT).resolve()
     out.mkdir(parents=True, exist_ok=True)
     course_lib.prepare_mnist(verbose=False)  # once, before any launch (the scripts check it again)
-    cuda = course_lib.gpu_count() > 0
-    cfg = settings(fast, cuda, steps, repeats)
-    nproc = nproc or (course_lib.gpu_count() or 2)
-    result = previous or {"machine": machine(), "settings": cfg, "nproc": nproc, "runs": {}, "load": [],
-                          "note": ("fast: a fixed number of steps per launch, epoch times extrapolated" if fast
-                                   else "MyModel: whole epochs timed")}
-    if previous and (previous["settings"] != cfg or previous["nproc"] != nproc):
-        raise ValueError("previous= holds a run with other settings; start a new one (previous=None)")
+    result, cfg, nproc = _result(fast, nproc, steps, repeats, previous)
+    for section in sections:  # measured now, so no longer taken from a reference run
+        result.get("adopted", {}).pop(section, None)
     result["load"].append(check_load("start", ours_recently=bool(result["load"])))
     result["machine"]["busy"] = any(state["busy"] for state in result["load"])
     started = time.perf_counter()
@@ -645,10 +688,11 @@ def plot_result(result: dict, path=None):
     target_ax.set_xlabel("measured / target (left of the line: met)")
     target_ax.set_title("targets (incl. 5. launch overhead)")
     target_ax.invert_yaxis()
-    load = result["load"][0]
+    load = (f"load {result['load'][0]['load_average'][0]:.1f} at start{' (BUSY)' if result['machine']['busy'] else ''}"
+            if result["load"] else "nothing measured live")
+    adopted = f"; from a reference run: {', '.join(result['adopted'])}" if result.get("adopted") else ""
     fig.suptitle(f"{result['machine']['processor']}, {result['machine']['cpu_count']} CPUs, "
-                 f"GPUs: {', '.join(result['machine']['gpus']) or 'none'}; {result['note']}; "
-                 f"load {load['load_average'][0]:.1f} at start{' (BUSY)' if result['machine']['busy'] else ''}",
+                 f"GPUs: {', '.join(result['machine']['gpus']) or 'none'}; {result['note']}; {load}{adopted}",
                  fontsize=10)
     fig.tight_layout()
     if path is not None:

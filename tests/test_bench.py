@@ -89,3 +89,29 @@ def test_bench_rejects_an_unknown_section():
 def test_bench_writes_into_an_ignored_folder_by_default():
     ignored = subprocess.run(["git", "check-ignore", "-q", str(bench.DEFAULT_OUT / "bench.json")], cwd=ROOT)
     assert ignored.returncode == 0, "bench.py's default output folder must be git-ignored"
+
+
+def test_adopting_every_section_of_the_saved_reference_run_gives_every_figure_and_says_where_each_came_from(tmp_path):
+    reference_file = ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json"
+    reference = json.loads(reference_file.read_text())
+    result = None
+    for section in bench.SECTIONS:
+        result = bench.adopt(reference, section, fast=True, out=tmp_path, nproc=2, plot=False, previous=result)
+    assert set(result["adopted"]) == set(bench.SECTIONS)
+    assert result["adopted"]["pipeline"]["machine"] == reference["machine"]
+    assert result["runs"] == {} and result["load"] == [], "nothing was launched"
+    assert bench.required_figures(result) == bench.required_figures(reference)
+    assert {row["source"] for row in result["targets"].values()} == {"reference run"}
+    assert json.loads((tmp_path / "bench.json").read_text())["adopted"].keys() == result["adopted"].keys()
+    with pytest.raises(ValueError, match="no 'launch' section"):
+        bench.adopt({k: v for k, v in reference.items() if k != "launch"}, "launch", out=tmp_path, nproc=2)
+
+
+def test_a_section_measured_after_being_adopted_is_no_longer_marked_adopted(monkeypatch, tmp_path):
+    reference = json.loads((ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json").read_text())
+    result = bench.adopt(reference, "launch", fast=True, out=tmp_path, nproc=2, plot=False)
+    monkeypatch.setattr(bench, "measure_launch", lambda scripts, folder, pairs: {**reference["launch"], "ratio": 0.5})
+    monkeypatch.setattr(bench, "check_load", lambda when, ours_recently=False: {"when": when, "busy": False})
+    result = bench.run(fast=True, out=tmp_path, nproc=2, sections=["launch"], plot=False, previous=result)
+    assert "launch" not in result["adopted"] and result["launch"]["ratio"] == 0.5
+    assert result["targets"]["course_lib_launch_vs_shell"]["source"] == "this run"
