@@ -10,7 +10,7 @@ from course_lib.data import MIRROR_ENV, MNIST_FILES
 SHARED_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist" / "raw"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mirror() -> Path:
     """A folder holding the four official MNIST files (from $COURSE_MNIST_MIRROR or ../shared)."""
     path = Path(os.environ.get(MIRROR_ENV, SHARED_MIRROR))

@@ -120,18 +120,27 @@ def _processes_running(marker: str) -> list[psutil.Process]:
 
 def test_interrupting_a_two_agent_run_leaves_no_process(tmp_path):
     script = tmp_path / "sleeper.py"
-    script.write_text("import time\nprint('working', flush=True)\ntime.sleep(120)\n")
+    # Each worker says it is up with a file of its own, then sleeps far longer than the test waits.
+    script.write_text("import os, time\nfrom pathlib import Path\n"
+                      "(Path(__file__).parent / f\"started-{os.environ['RANK']}\").touch()\n"
+                      "print('working', flush=True)\ntime.sleep(120)\n")
     marker = str(script)
+    done = threading.Event()
 
-    def interrupt_once_all_started():
+    def interrupt_once_both_workers_started():
         deadline = time.monotonic() + LAUNCH_TIMEOUT
-        while time.monotonic() < deadline and len(_processes_running(marker)) < 4:  # 2 agents + 2 workers
+        while not done.is_set() and time.monotonic() < deadline:
+            if len(list(tmp_path.glob("started-*"))) == 2:
+                _thread.interrupt_main()
+                return
             time.sleep(0.2)
-        _thread.interrupt_main()
 
-    threading.Thread(target=interrupt_once_all_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        torchrun_nodes(script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True)
+    threading.Thread(target=interrupt_once_both_workers_started, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            torchrun_nodes(script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True)
+    finally:
+        done.set()  # never interrupt a later test
     gone, alive = psutil.wait_procs(_processes_running(marker), timeout=10)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
 
