@@ -1,5 +1,6 @@
 """Shared fixtures: the verified MNIST mirror, and small training scripts for launch tests."""
 import os
+import signal
 import textwrap
 from pathlib import Path
 
@@ -29,3 +30,12 @@ def write(tmp_path):
         return path
 
     return _write
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, as in a notebook. A shell starts a background job with SIGINT ignored, and in
+    such a process neither _thread.interrupt_main() nor os.kill(pid, SIGINT) raises anything."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -118,7 +118,7 @@ def _processes_running(marker: str) -> list[psutil.Process]:
     return found
 
 
-def test_interrupting_a_two_agent_run_leaves_no_process(tmp_path):
+def test_interrupting_a_two_agent_run_leaves_no_process(tmp_path, ctrl_c_raises):
     script = tmp_path / "sleeper.py"
     # Each worker says it is up with a file of its own, then sleeps far longer than the test waits.
     script.write_text("import os, time\nfrom pathlib import Path\n"

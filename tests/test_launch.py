@@ -117,7 +117,7 @@ def test_check_false_returns_the_failed_result(worker):
     assert not result.ok and "deliberate failure on rank 0" in result.outputs[0]
 
 
-def test_interrupt_ends_every_process_of_the_run(worker, tmp_path):
+def test_interrupt_ends_every_process_of_the_run(worker, tmp_path, ctrl_c_raises):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     seen = set()
