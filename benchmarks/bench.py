@@ -514,14 +514,18 @@ def adopt(reference: dict, section: str, fast: bool = True, out=None, nproc: int
         "date": reference.get("date", "not recorded"), "note": reference["note"],
         "busy": any(state["busy"] for state in reference.get("load", []))}
     result["targets"] = target_table(result)
-    out = Path(out or DEFAULT_OUT).resolve()
+    _write(result, Path(out or DEFAULT_OUT).resolve(), plot)
+    return result
+
+
+def _write(result: dict, out: Path, plot: bool) -> None:
+    """``bench.json`` into ``out``, and ``bench.png`` when ``plot`` (a notebook draws its own plots)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     if plot:
         import matplotlib.pyplot as plt
 
         plt.close(plot_result(result, out / "bench.png"))
-    return result
 
 
 def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS, steps: int | None = None,
@@ -572,11 +576,7 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
     result["machine"]["busy"] = any(state["busy"] for state in result["load"])
     result["targets"] = target_table(result)
     result["seconds"] = result.get("seconds", 0) + time.perf_counter() - started
-    (out / "bench.json").write_text(json.dumps(result, indent=1))
-    if plot:
-        import matplotlib.pyplot as plt
-
-        plt.close(plot_result(result, out / "bench.png"))  # saved; a notebook draws its own plots
+    _write(result, out, plot)
     log(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if plot else "")
         + f" in {time.perf_counter() - started:.0f}s")
     return result
