@@ -24,7 +24,7 @@ from pathlib import Path
 from .devices import choose_backend, cpu_count, gpu_count, resolve_nproc
 from .errors import LaunchError, LaunchTimeout
 from .metrics import METRICS_FILE, read_metrics
-from .processes import start, stop_tree
+from .processes import release, start, stop_tree
 
 RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 #: torchrun's prefix for tee'd worker output; ``${rank}`` is the global rank.
@@ -330,6 +330,7 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
         print(f"\n{'Stopped' if stopped == 'interrupt' else 'Timed out after %.0fs:' % timeout} "
               f"ended {count} process(es) of this run (torchrun and its workers).", flush=True)
     proc.wait()
+    release(proc)
     deadline = time.monotonic() + 2
     while not ended and time.monotonic() < deadline:  # lines the reader got after we stopped looking
         try:

@@ -18,7 +18,7 @@ from .launch import (RANK_LINE, LaunchSpec, RunResult, check_script, default_run
                      launch_environment, script_arguments, torchrun_command)
 from .metrics import METRICS_FILE, read_metrics
 from .processes import start as start_process
-from .processes import stop_tree
+from .processes import release, stop_tree
 
 
 def _due(condition, elapsed: float) -> bool:
@@ -109,6 +109,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
               f"ended {count} process(es) of {len(procs)} node(s).", flush=True)
     for p in procs.values():
         p.wait()
+        release(p)
     while True:  # lines read after we stopped looking
         try:
             k, line = lines.get_nowait()

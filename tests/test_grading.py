@@ -104,6 +104,41 @@ def test_a_notebook_past_its_total_time_is_stopped_with_everything_it_launched(t
     assert not psutil.Process().children(recursive=True), "the grader left processes behind"
 
 
+def test_a_grader_killed_mid_submission_leaves_no_worker_kernel_or_launched_process(tmp_path):
+    """SIGKILL to the grader (an instructor's machine running out of memory): its guards end what it started."""
+    pid_file = tmp_path / "pids"
+    busy = ("    pass\nimport os, subprocess, time\n"
+            "child = subprocess.Popen(['sleep', '600'], start_new_session=True)  # like torchrun's workers\n"
+            f"open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+            "time.sleep(600)")
+    notebook = submission(tmp_path / "ex.ipynb", t1=busy, t2="    return 2")
+    grader = subprocess.Popen([sys.executable, "-c", "from course_lib.teaching.grading import grade; "
+                               f"grade({str(notebook)!r}, source_dir=None, cell_timeout=600, quiet=True)"])
+    deadline = time.monotonic() + 90
+    while not (pid_file.is_file() and len(pid_file.read_text().split()) == 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    family = [p.pid for p in psutil.Process(grader.pid).children(recursive=True)]
+    kernel, launched = map(int, pid_file.read_text().split())
+    assert {kernel, launched} <= set(family)
+    grader.kill()
+    grader.wait()
+    deadline = time.monotonic() + 20
+    while _running(family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running(family) == [], "processes of the killed grader's submission are still running"
+
+
+def _running(pids):
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 def test_deleting_files_or_printing_megabytes_harms_no_other_submission(tmp_path):
     vandal = submission(tmp_path / "subs" / "vandal.ipynb",
                         t1="    return 1\nimport os, shutil\nshutil.rmtree(os.getcwd())", t2="    return 2")

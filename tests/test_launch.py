@@ -277,3 +277,36 @@ def test_a_failing_ranks_traceback_is_streamed_with_one_rank_prefix(worker, caps
     out = capsys.readouterr().out
     assert "[rank1]: ValueError: deliberate failure on rank 1" in out
     assert "[rank1]: [rank1]:" not in out, "torch's own rank prefix is not shown twice"
+
+
+def test_a_kernel_killed_mid_run_leaves_no_process_of_the_run_and_keeps_its_logs(worker, tmp_path):
+    """What an out-of-memory kill does to a notebook: SIGKILL to its kernel while torchrun and two workers run."""
+    from jupyter_client import KernelManager
+
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        client.execute(f"from course_lib import torchrun\ntorchrun({str(worker)!r}, nproc=2, quiet=True, "
+                       f"script_args=['--sleep', '120', '--pid-dir', {str(pid_dir)!r}])")
+        deadline = time.monotonic() + 90
+        while len(list(pid_dir.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        kernel = psutil.Process(manager.provisioner.pid)
+        family = [p.pid for p in kernel.children(recursive=True)]
+        workers = {int(p.read_text()) for p in pid_dir.glob("*.pid")}
+        assert len(workers) == 2 and workers <= set(family)
+        kernel.kill()
+        kernel.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while _alive(family) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _alive(family) == []
+        assert len(list((worker.parent / "logs").rglob("stdout.log"))) == 2  # the run's record stays on disk
+    finally:
+        client.stop_channels()
+        manager.cleanup_resources()

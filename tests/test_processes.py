@@ -57,3 +57,55 @@ def test_start_streams_lines_tagged_then_none():
     proc = start([sys.executable, "-c", "print('a'); print('b')"], tag="node0", lines=lines)
     proc.wait()
     assert [lines.get(timeout=10) for _ in range(3)] == [("node0", "a\n"), ("node0", "b\n"), ("node0", None)]
+
+
+# --- nothing outlives its launcher ---------------------------------------------------------------
+
+def _pids_in_file(path, count, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file():
+            pids = [int(x) for x in path.read_text().split()]
+            if len(pids) >= count:
+                return pids
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never listed {count} pids")
+
+
+def _survivors(pids, within=15.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+def test_a_sigkilled_launcher_leaves_nothing_of_what_it_started(tmp_path):
+    """SIGKILL runs no handler of the launcher's: the guard alone ends the tree (also the SIGTERM-deaf child)."""
+    pids = tmp_path / "pids"
+    launcher = f"""
+import sys, time
+from course_lib.processes import start
+proc = start([sys.executable, "-c", {TREE!r}])
+import psutil
+deadline = time.time() + 60
+while len(psutil.Process(proc.pid).children(recursive=True)) < 2 and time.time() < deadline:
+    time.sleep(0.05)
+family = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+open({str(pids)!r}, "w").write(" ".join(map(str, family)))
+time.sleep(600)
+"""
+    parent = start([sys.executable, "-c", launcher], guard=False)
+    family = _pids_in_file(pids, 3)
+    assert all(_alive(pid) for pid in family)
+    parent.kill()
+    parent.wait()
+    assert _survivors(family) == []
+
+
+def test_a_guard_exits_by_itself_when_its_process_ends():
+    proc = start([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert proc.guard.wait(timeout=10) == 0

@@ -31,7 +31,8 @@ import nbformat
 
 from .exercises import EXERCISES
 from .notebooks import fast_parameters, inject_parameters
-from ..processes import stop_tree
+from ..processes import start as start_process
+from ..processes import release, stop_tree
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 NOT_ATTEMPTED_ERRORS = {"NotImplementedError", "NotAttempted"}
@@ -237,10 +238,10 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
         records_path = base / "results.jsonl"
         log = open(base / "worker.log", "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
-        worker = subprocess.Popen(
+        # Its own session, and a guard that ends it, its kernel and their runs if the grader is killed.
+        worker = start_process(
             [sys.executable, "-m", "course_lib.teaching.grading", "--worker", str(notebook), str(records_path),
-             "--cell-timeout", str(cell_timeout)],
-            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+             "--cell-timeout", str(cell_timeout)], env=env, cwd=workdir, log=log)
         why = ""
         try:
             worker.wait(timeout=timeout)
@@ -248,9 +249,11 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
                 why = f"the grading worker exited with code {worker.returncode}"
         except subprocess.TimeoutExpired:
             why = f"the notebook ran longer than {timeout:.0f}s in total and was stopped"
-            stop_tree(worker.pid, grace=3.0)
-            worker.wait()
-        finally:
+        finally:  # also on Ctrl-C: nothing of the submission's run is left
+            if worker.poll() is None:
+                stop_tree(worker.pid, grace=3.0)
+                worker.wait()
+            release(worker)
             log.close()
         records = _read_records(records_path)
         if not records and worker.returncode:
