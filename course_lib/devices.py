@@ -26,6 +26,34 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+#: Set (to anything but empty or 0) where a GPU is expected, e.g. on a GPU runner: the tests then stop at once
+#: when CUDA does not work, instead of skipping every GPU test and passing on the CPU.
+EXPECT_GPU_ENV = "COURSE_EXPECT_GPU"
+
+
+def gpu_problem() -> str | None:
+    """Why CUDA cannot run here (None when it can): it must be available AND run a kernel on every GPU."""
+    arches = ", ".join(torch.cuda.get_arch_list()) or "none"
+    needs = (f"This PyTorch ({torch.__version__}, CUDA {torch.version.cuda}) runs on GPUs of the compute capabilities "
+             f"it was built for ({arches}) with an NVIDIA driver that supports CUDA {torch.version.cuda}")
+    if torch.version.cuda is None:
+        return f"this PyTorch ({torch.__version__}) is a CPU-only build; install the CUDA build"
+    if not torch.cuda.is_available():
+        return f"torch.cuda.is_available() is False: no GPU visible, or the driver is too old. {needs}"
+    for i in range(torch.cuda.device_count()):
+        try:
+            value = (torch.arange(4.0, device=f"cuda:{i}") * 2).sum().item()
+        except Exception as exc:  # an unsupported card fails here ("no kernel image is available"), not earlier
+            return f"GPU {i} ({torch.cuda.get_device_name(i)}) cannot run a kernel: {str(exc).splitlines()[0]}. {needs}"
+        if value != 12.0:
+            return f"GPU {i} computed {value} for a sum whose value is 12"
+    return None
+
+
+def gpu_expected() -> bool:
+    return os.environ.get(EXPECT_GPU_ENV, "") not in ("", "0")
+
+
 def available_backends() -> list[str]:
     checks = {"nccl": dist.is_nccl_available, "gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available}
     return [name for name, check in checks.items() if check()]
@@ -138,18 +166,6 @@ def environment_report() -> list[tuple[str, str]]:
 
 def doctor() -> None:
     """Show what this machine offers for distributed training (HTML in Jupyter, text elsewhere)."""
-    rows = environment_report()
-    width = max(len(k) for k, _ in rows)
-    text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    from .display import in_notebook
+    from .display import show_table
 
-    if in_notebook():
-        from html import escape
-
-        from IPython.display import HTML, display
-
-        body = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
-                       f"{escape(v)}</td></tr>" for k, v in rows)
-        display(HTML(f"<table>{body}</table>"))
-    else:
-        print(text)
+    show_table([{"item": k, "value": v} for k, v in environment_report()])

@@ -40,8 +40,8 @@ def show_table(rows: list[dict], columns: list[str] | None = None, title: str | 
         return
     widths = [max(len(str(c)), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = [title] if title else []
-    lines.append("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    lines.append("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip())
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     print("\n".join(lines))
 
 

@@ -8,17 +8,36 @@ can start later than the others (``start_after``) to join a running elastic job.
 """
 from __future__ import annotations
 
+import os
 import queue
 import time
 from typing import Callable
 
-from .devices import resolve_nproc
+from .devices import gpu_count, resolve_nproc
 from .errors import LaunchError, LaunchTimeout
 from .launch import (RANK_LINE, LaunchSpec, RunResult, check_script, default_run_dir, failure_message, free_port,
                      launch_environment, script_arguments, torchrun_command)
 from .metrics import METRICS_FILE, read_metrics
 from .processes import start as start_process
 from .processes import release, stop_tree
+
+
+def agent_devices(agents: int, nproc_per_node: int) -> list[dict[str, str]]:
+    """Each agent's ``CUDA_VISIBLE_DEVICES``: its own GPUs when there is one per worker of every agent, else none.
+
+    On one host every agent's workers count local ranks from 0, so without this both "nodes" would take
+    ``cuda:0`` and NCCL would refuse the duplicate GPU. With too few GPUs, hiding them all makes every script
+    choose CPU and gloo by its own rule. Without GPUs nothing is added.
+    """
+    gpus = gpu_count()
+    if not gpus:
+        return [{} for _ in range(agents)]
+    if gpus < agents * nproc_per_node:
+        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(agents)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[k * nproc_per_node:(k + 1) * nproc_per_node])}
+            for k in range(agents)]
 
 
 def _due(condition, elapsed: float) -> bool:
@@ -49,9 +68,9 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     specs = [LaunchSpec(torchrun_command(script, nproc_per_node, nnodes or agents, args, max_restarts,
                                          rdzv_endpoint=endpoint, rdzv_id=run_id, log_dir=folder / "logs" / f"node{k}",
                                          extra_args=[*rdzv_args, *extra_args]),
-                        folder, added, log_dir=folder / "logs" / f"node{k}", nproc=nproc_per_node,
+                        folder, {**devices, **added}, log_dir=folder / "logs" / f"node{k}", nproc=nproc_per_node,
                         nnodes=str(nnodes or agents), max_restarts=max_restarts, epochs=epochs)
-             for k in range(agents)]
+             for k, devices in enumerate(agent_devices(agents, nproc_per_node))]
     pending = dict(start_after or {})
     for k, spec in enumerate(specs):
         when = "" if k not in pending else " (started later, when its condition is met)"

@@ -11,6 +11,17 @@ from course_lib.data import MIRROR_ENV, MNIST_FILES
 SHARED_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist" / "raw"
 
 
+def pytest_sessionstart(session):
+    """Where a GPU is expected ($COURSE_EXPECT_GPU), a machine whose CUDA does not work fails the run at once:
+    otherwise every GPU test would skip and the run would pass on the CPU."""
+    from course_lib.devices import EXPECT_GPU_ENV, gpu_expected, gpu_problem
+
+    if gpu_expected():
+        problem = gpu_problem()
+        if problem:
+            pytest.exit(f"{EXPECT_GPU_ENV} is set, but CUDA does not work here: {problem}", returncode=3)
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     """A folder holding the four official MNIST files (from $COURSE_MNIST_MIRROR or ../shared)."""

@@ -72,3 +72,34 @@ def test_without_nccl_in_the_build_gpus_get_gloo_and_a_request_for_nccl_says_why
     assert devices.choose_backend(2) == "gloo"
     with pytest.raises(LaunchConfigError, match="not in this PyTorch build.*backend='gloo'"):
         devices.choose_backend(2, requested="nccl")
+
+
+def test_a_gpu_runner_without_working_cuda_fails_at_once_instead_of_skipping():
+    """On a machine without working CUDA, COURSE_EXPECT_GPU=1 turns the run red before any test runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from course_lib.devices import gpu_problem
+
+    if gpu_problem() is None:
+        pytest.skip("CUDA works here: nothing to refuse")
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_model.py"]
+    expecting = subprocess.run(command, capture_output=True, text=True, cwd=root,
+                               env=dict(os.environ, COURSE_EXPECT_GPU="1"))
+    assert expecting.returncode == 3, expecting.stdout + expecting.stderr
+    assert "COURSE_EXPECT_GPU is set, but CUDA does not work here" in expecting.stdout + expecting.stderr
+    not_expecting = subprocess.run(command, capture_output=True, text=True, cwd=root,
+                                   env=dict(os.environ, COURSE_EXPECT_GPU="0"))
+    assert not_expecting.returncode == 0, not_expecting.stdout + not_expecting.stderr
+
+
+def test_the_gpu_problem_names_the_fix_on_a_machine_without_cuda():
+    from course_lib.devices import gpu_problem
+
+    if devices.gpu_count():
+        pytest.skip("a GPU machine")
+    problem = gpu_problem()
+    assert "is_available() is False" in problem and "sm_" in problem and "driver" in problem

@@ -207,3 +207,34 @@ def test_sbatch_without_the_script_says_to_run_the_notebook(fake_slurm):
     assert done.returncode == 2
     assert "04_torchrun_elastic.ipynb" in done.stderr
     assert not srun_args.exists()
+
+
+@pytest.mark.parametrize("gpus, visible, agents, nproc, expected", [
+    (0, None, 2, 1, [{}, {}]),                                  # CPU machine: nothing added
+    (1, None, 2, 1, [{"CUDA_VISIBLE_DEVICES": ""}] * 2),         # too few GPUs: every agent on CPU (gloo)
+    (3, None, 2, 2, [{"CUDA_VISIBLE_DEVICES": ""}] * 2),
+    (2, None, 2, 1, [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]),
+    (4, None, 2, 2, [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]),
+    (2, "3,5", 2, 1, [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "5"}]),  # the ids already visible
+])
+def test_each_agent_gets_its_own_gpus_or_none(monkeypatch, gpus, visible, agents, nproc, expected):
+    """Two agents on one host both count local ranks from 0: sharing cuda:0, NCCL would refuse the duplicate GPU."""
+    from course_lib.multinode import agent_devices
+
+    monkeypatch.setattr("course_lib.multinode.gpu_count", lambda: gpus)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert agent_devices(agents, nproc) == expected
+
+
+def test_the_agents_devices_reach_their_workers_and_are_shown(monkeypatch, write, tmp_path, capsys):
+    monkeypatch.setattr("course_lib.multinode.gpu_count", lambda: 1)  # one GPU for two agents: all on CPU
+    script = write("show.py", """
+        import os
+        print("visible=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")), flush=True)
+    """)
+    results = torchrun_nodes(script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT)
+    assert sorted(text for r in results for text in r.outputs.values()) == ["visible=''", "visible=''"]
+    assert capsys.readouterr().out.count("CUDA_VISIBLE_DEVICES='' ") == 2  # in front of both printed commands
