@@ -73,6 +73,17 @@ def test_panel_passes_its_settings_as_flags_and_the_script_judges_them(write, ca
     assert "failed" in panel.status.value
 
 
+def test_panel_offers_fp16_only_with_the_launcher_whose_scripts_take_it(write):
+    """The course's torchrun scripts take --mixed-precision no|bf16; accelerate launch also has fp16."""
+    panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=2, launcher="accelerate", mixed_precision="fp16",
+                        show=False)
+    assert panel.mixed_precision.options == ("no", "bf16", "fp16")
+    panel.launcher.value = "torchrun"
+    assert panel.mixed_precision.options == ("no", "bf16") and panel.mixed_precision.value == "no"
+    with pytest.raises(ValueError, match="not offered with launcher='torchrun'"):
+        LaunchPanel(script=write("ticker.py", TICKER), nproc=2, mixed_precision="fp16", show=False)
+
+
 def test_panel_without_epochs_passes_none(write):
     panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=2, epochs=None, show=False)
     assert panel.arguments() == []

@@ -27,7 +27,9 @@ from ..processes import stop_tree
 from .progress import EpochProgress
 from ..display import in_notebook
 
-MIXED_PRECISION = ("no", "bf16", "fp16")
+#: The precisions each launcher can be asked for: the course's torchrun scripts take ``--mixed-precision no|bf16``
+#: (fp16 needs a gradient scaler they do not have); ``accelerate launch --mixed_precision`` brings its own.
+MIXED_PRECISION = {"torchrun": ("no", "bf16"), "accelerate": ("no", "bf16", "fp16")}
 LAUNCHERS = ("torchrun", "accelerate")
 
 
@@ -119,9 +121,13 @@ class LaunchPanel:
                                       description="processes", style=style, layout=w.Layout(width="150px"))
         self.epochs = w.BoundedIntText(value=int(epochs), min=1, max=1000, description="epochs", style=style,
                                        layout=w.Layout(width="130px"))
-        self.mixed_precision = w.Dropdown(options=MIXED_PRECISION, value=mixed_precision,
+        if mixed_precision not in MIXED_PRECISION[launcher]:
+            raise ValueError(f"mixed_precision={mixed_precision!r} is not offered with launcher={launcher!r}; "
+                             f"choose one of {MIXED_PRECISION[launcher]}")
+        self.mixed_precision = w.Dropdown(options=MIXED_PRECISION[launcher], value=mixed_precision,
                                           description="mixed precision", style=style, layout=w.Layout(width="210px"))
         self.launcher = w.ToggleButtons(options=LAUNCHERS, value=launcher, style={"button_width": "90px"})
+        self.launcher.observe(self._offer_precisions, names="value")
         self.run_button = w.Button(description="Run", button_style="success", icon="play")
         self.stop_button = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.status = w.HTML("ready")
@@ -145,6 +151,12 @@ class LaunchPanel:
             from IPython.display import display
 
             display(self.widget)
+
+    def _offer_precisions(self, change) -> None:
+        """Only the precisions the chosen launcher's scripts accept (a choice no longer offered becomes "no")."""
+        current = self.mixed_precision.value
+        self.mixed_precision.options = MIXED_PRECISION[change["new"]]
+        self.mixed_precision.value = current if current in self.mixed_precision.options else "no"
 
     # --- what a run is made of ---------------------------------------------------------------
 
