@@ -90,7 +90,7 @@ def _main(argv: list[str]) -> int:
 
         prepare_mnist()
         if command == "lab":
-            return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *rest])
+            return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *_root_flag(), *rest])
         if command == "test":
             code = subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests"), *rest], cwd=ROOT)
             if code == 5:
@@ -104,6 +104,15 @@ def _main(argv: list[str]) -> int:
     # Imported only when asked for; a module that fails to import raises its own ImportError.
     module = importlib.import_module(f".{MODULE_COMMANDS[command]}", __package__)
     return module.cli(rest)
+
+
+def _root_flag() -> list[str]:
+    """Jupyter refuses to start as root (a container, a cloud VM) without --allow-root: say so, and pass it."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("Running as root (as in many containers): starting JupyterLab with --allow-root. On a shared machine "
+              "run it as an ordinary user instead.", flush=True)
+        return ["--allow-root"]
+    return []
 
 
 #: Commands whose code lives in a module of their own (instructors' tools), by the module's name.

@@ -63,3 +63,15 @@ def test_old_import_locations_of_the_errors_still_work():
 
     assert course_lib.DataError is data.DataError is DataError
     assert course_lib.LaunchConfigError is devices.LaunchConfigError is LaunchConfigError
+
+
+@pytest.mark.parametrize("uid, flagged", [(0, True), (1000, False)])
+def test_lab_passes_allow_root_only_when_running_as_root(monkeypatch, capsys, uid, flagged):
+    """Jupyter refuses to run as root without --allow-root ("Running as root is not recommended")."""
+    called = []
+    monkeypatch.setattr(cli.os, "geteuid", lambda: uid)
+    monkeypatch.setattr(data, "prepare_mnist", lambda *a, **k: None)
+    monkeypatch.setattr(cli.subprocess, "call", lambda argv, **kwargs: called.append(argv) or 0)
+    assert cli.main(["--no-venv", "lab"]) == 0
+    assert ("--allow-root" in called[0]) == flagged
+    assert ("--allow-root" in capsys.readouterr().out) == flagged

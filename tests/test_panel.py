@@ -92,18 +92,22 @@ def test_panel_without_epochs_passes_none(write):
 def test_panel_plot_and_bars_follow_the_metrics_file(write, tmp_path):
     panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=2, epochs=2, run_dir=tmp_path, show=False)
     assert panel.plot.value == b"" and panel.epoch_bar.value == 0
+    assert panel.plot.layout.display == "none"  # hidden while empty: no broken-image icon
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.write(json.dumps({"event": "step", "epoch": 0, "step": 2, "steps": 4, "loss": 0.7}) + "\n")
     panel.refresh()
     assert panel.step_bar.value == pytest.approx(0.5) and panel.epoch_bar.value == 0
     first = bytes(panel.plot.value)
-    assert first.startswith(b"\x89PNG")
+    assert first.startswith(b"\x89PNG") and panel.plot.layout.display is None
+    assert panel.step_bar.description == "epoch 1: 2/4"
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"event": "epoch", "epoch": 0, "train_loss": 0.4, "val_acc": 0.91}) + "\n")
         f.write('{"event": "epoch", "ep')  # a line still being written is ignored
     panel.refresh()
     assert panel.epoch_bar.value == 1 and panel.epoch_bar.description == "epochs 1/2"
     assert bytes(panel.plot.value).startswith(b"\x89PNG") and bytes(panel.plot.value) != first
+    panel._reset_views()  # what Run does first
+    assert panel.step_bar.description == "this epoch" and panel.plot.layout.display == "none"
 
 
 def test_panel_runs_two_processes_and_fills_every_view(write, capsys):

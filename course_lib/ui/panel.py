@@ -190,7 +190,9 @@ class LaunchPanel:
         self.epoch_bar.value = 0
         self.epoch_bar.description = f"epochs 0/{self.epochs.value}"
         self.step_bar.value = 0.0
+        self.step_bar.description = "this epoch"  # not the previous run's last label
         self.plot.value = b""
+        self.plot.layout.display = "none"  # an empty image shows as a broken-image icon until there is a plot
         self._records_seen = -1
         self._last_flush = self._last_read = 0.0
 
@@ -348,6 +350,7 @@ class LaunchPanel:
             self._records_seen = len(records)
             if epochs or steps:
                 self.plot.value = plot_png(records, title=str(self._script_path()))
+                self.plot.layout.display = None
 
 
 def _html(text: str) -> str:
