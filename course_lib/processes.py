@@ -24,7 +24,7 @@ GUARD_POLL = 0.5  # seconds between the guard's looks at the process it guards
 
 
 def start(argv: list[str], env: dict | None = None, tag=None, lines: queue.Queue | None = None,
-          cwd=None, log=None, guard: bool = True) -> subprocess.Popen:
+          cwd=None, log=None, guard: bool = True, pass_fds=()) -> subprocess.Popen:
     """Run ``argv`` in a new session (so that it and its children can be ended together).
 
     With ``lines``, a thread puts ``(tag, line)`` for each line of its stdout+stderr and ``(tag, None)`` at the end;
@@ -32,7 +32,7 @@ def start(argv: list[str], env: dict | None = None, tag=None, lines: queue.Queue
     """
     out = subprocess.PIPE if lines is not None else log
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out is not None else None, text=True,
-                            bufsize=1, env=env, cwd=cwd, start_new_session=True, errors="replace")
+                            bufsize=1, env=env, cwd=cwd, start_new_session=True, errors="replace", pass_fds=pass_fds)
     if guard:
         proc.guard = start_guard(proc.pid)
     if lines is not None:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import psutil
@@ -12,6 +13,8 @@ import pytest
 
 from course_lib.teaching.grading import FAILED, NOT_ATTEMPTED, PASSED, grade
 from notebook_runner import ROOT
+
+EXERCISES = ROOT / "exercises"
 
 TASKS = {
     "t1": ("def one():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION", "assert one() == 1, 'one() should return 1'"),
@@ -156,3 +159,77 @@ def test_a_solution_notebook_grades_100_percent():
     result = grade(path, cell_timeout=300)
     assert result.tasks and all(t.status == PASSED for t in result.tasks), [(t.task, t.status, t.message) for t in result.tasks]
     print(f"graded {path.name} in {result.seconds:.1f}s")
+
+
+# --- a submission cannot grade itself --------------------------------------------------------------
+
+FORGERY = '''
+import builtins, json, os, sys
+from course_lib.teaching import checks
+from course_lib.teaching.checks import harness
+for name in dir(checks):                                   # every check now "passes"
+    if name.startswith("check_"):
+        setattr(checks, name, lambda *args, **kwargs: print("looks right"))
+harness.CheckFailed = type("CheckFailed", (Exception,), {})  # and cannot fail
+builtins.AssertionError = Warning
+for folder in (".", ".."):                                 # fake result files wherever the grader might look
+    with open(os.path.join(folder, "results.jsonl"), "w") as f:
+        for index in range(40):
+            f.write(json.dumps({"index": index, "ename": "", "evalue": ""}) + "\\n")
+print("Task 00.1 passed.\\nTask 00.2 passed.\\nTask 00.3 passed.")
+'''
+
+
+def _forged(tmp_path, ending: str):
+    """The released exercise 00 with tasks 00.1 and 00.3 untouched and 00.2 answered wrongly, plus the forgery."""
+    nb = nbformat.read(EXERCISES / "00_setup_exercises.ipynb", as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.startswith("def pick_backend("):
+            cell.source = ('def pick_backend(cuda_available, gpu_count, local_world_size):\n    return "gloo"\n'
+                           + FORGERY + ending)
+    path = tmp_path / "00_setup_exercises.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("ending", ["sys.exit(0)\n", "os._exit(0)\n"], ids=["replaced-checks-then-sys.exit", "os._exit"])
+def test_replacing_checks_faking_results_and_exiting_early_earn_nothing(tmp_path, ending):
+    result = grade(_forged(tmp_path, ending), cell_timeout=120, quiet=True)
+    assert statuses(result) == {"00.1": NOT_ATTEMPTED, "00.2": FAILED, "00.3": NOT_ATTEMPTED}, result.tasks
+    assert result.score == 0
+
+
+def _object_tasks_only(source: Path, target: Path) -> list[str]:
+    """``source`` without its script tasks (``%%write_script`` cells and their checks): the tasks whose check calls
+    a function or class of the submission, which the grader reaches in the submission's process."""
+    nb = nbformat.read(source, as_version=4)
+    kept, pending, tasks = [], [], []
+    for cell in nb.cells:
+        task = cell.get("metadata", {}).get("course", {}).get("task")
+        if task is None:
+            pending.append(cell)
+            continue
+        if not any(c.cell_type == "code" and c.source.startswith("%%write_script") for c in pending):
+            kept += pending + [cell]
+            tasks.append(task)
+        else:
+            kept += [c for c in pending if c.cell_type == "markdown"]
+        pending = []
+    nb.cells = kept + pending
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+    return tasks
+
+
+@pytest.mark.parametrize("lesson", ["03_ddp_pitfalls", "04_torchrun_elastic", "06_trainer"])
+def test_checks_of_a_submissions_functions_and_classes_pass_its_solution_through_the_sandbox(tmp_path, lesson):
+    """A model class, a loader, save/load functions and a Trainer subclass, each called from the grader's check
+    in the submission's process: the solution passes, the untouched exercise is not attempted."""
+    name = f"{lesson}_exercises.ipynb"
+    tasks = _object_tasks_only(EXERCISES / name, tmp_path / "released" / name)
+    _object_tasks_only(ROOT / "solutions" / name, tmp_path / "solution" / name)
+    solved = grade(tmp_path / "solution" / name, source_dir=tmp_path / "released", cell_timeout=300, quiet=True)
+    assert tasks and statuses(solved) == {t: PASSED for t in tasks}, solved.tasks
+    if lesson == "03_ddp_pitfalls":
+        untouched = grade(tmp_path / "released" / name, source_dir=tmp_path / "released", cell_timeout=300, quiet=True)
+        assert statuses(untouched) == {t: NOT_ATTEMPTED for t in tasks}, untouched.tasks

@@ -2,11 +2,13 @@
 
 ``python -m course_lib grade SUBMISSIONS... --out grades.csv``
 
-Each submission runs in a fresh kernel, in its own temporary folder (a submission that deletes
-files deletes only its copy), in a separate worker process with a per-cell and a whole-notebook
-timeout; when time is up the worker, the kernel and everything they launched are killed. Cells that
-fail do not stop the run. The check cells (tagged ``{"course": {"task": ...}}``) are first restored
-from the released exercise of the same name, so a check edited by a learner counts for nothing.
+Each submission is graded in its own temporary folder (a submission that deletes files deletes only its
+copy) by a worker process, with a per-cell and a whole-notebook timeout; when time is up the worker and
+everything it launched are killed. The check cells (tagged ``{"course": {"task": ...}}``) and the parameters
+cell are first restored from the released exercise of the same name. The submission's own cells then run
+in a sandbox process (``sandbox.py``); cells that fail do not stop the run. Each check runs in the worker,
+which the submission's code never runs in, and reaches the submission's functions and classes only through
+``sandbox.Remote`` (plain data back); the worker reports to the grader through a pipe only it holds.
 
 A task is ``passed`` when its check cell ran without error, ``not attempted`` when its code or its
 check raised ``NotImplementedError`` (the exercise's placeholder), and ``failed`` otherwise, with the
@@ -23,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +33,7 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISES
-from .notebooks import fast_parameters, inject_parameters
+from .notebooks import INJECTED_TAG, fast_parameters, inject_parameters, parameters_index
 from ..processes import start as start_process
 from ..processes import release, stop_tree
 
@@ -94,6 +97,10 @@ def prepare(submission: Path, source_dir: Path | None = EXERCISES):
             task = task_of(cell)
             if cell.cell_type == "code" and task in checks:
                 nb.cells[i] = copy.deepcopy(checks[task])
+        # The settings the checks launch with (processes, steps) are the release's too.
+        mine, theirs = parameters_index(nb), parameters_index(original)
+        if mine is not None and theirs is not None:
+            nb.cells[mine] = copy.deepcopy(original.cells[theirs])
         nb.metadata.setdefault("course", {})["fast_parameters"] = \
             original.metadata.get("course", {}).get("fast_parameters", {})
     else:
@@ -108,77 +115,109 @@ def prepare(submission: Path, source_dir: Path | None = EXERCISES):
 # --- the worker: runs one notebook, reports each cell as it finishes -----------------------------
 
 
-def _cell_record(index: int, cell, reply: dict | None, seconds: float, cell_timeout: float) -> dict:
-    content = (reply or {}).get("content", {})
-    ename = evalue = ""
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            ename, evalue = out.get("ename", ""), out.get("evalue", "")
-    if not ename and content.get("status") == "error":
-        ename, evalue = content.get("ename", "Error"), content.get("evalue", "")
-    if seconds >= cell_timeout and ename in ("", "KeyboardInterrupt", "CellTimeout"):
-        # the interrupt nbclient sends at the timeout surfaces as a KeyboardInterrupt (or nothing at all)
-        ename, evalue = "CellTimeout", f"the cell ran longer than {cell_timeout:.0f}s and was interrupted"
-    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
-    return {"index": index, "ename": ename, "evalue": _cap(evalue), "output": _cap(text, 600),
-            "seconds": round(seconds, 1)}
+def _trusted_cells(nb) -> set[int]:
+    """The cells the judge itself runs: the parameters cell and the injected fast settings (from the release)."""
+    found = set()
+    for i, cell in enumerate(nb.cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "code" and ("parameters" in tags or INJECTED_TAG in tags):
+            found.add(i)
+    return found
 
 
-def run_worker(notebook: Path, results: Path, cell_timeout: float) -> int:
-    """Execute ``notebook`` cell by cell in a fresh kernel, appending one JSON line per cell to ``results``."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
+class _CheckNames(dict):
+    """A check cell's names: the trusted ones, Python's builtins, and otherwise what the submission defined."""
+
+    def __init__(self, sandbox, trusted: dict):
+        super().__init__(trusted)
+        self.sandbox = sandbox
+
+    def __missing__(self, name):
+        import builtins
+
+        if hasattr(builtins, name):
+            raise KeyError(name)  # lookup goes on to the builtins
+        value = self.sandbox.remote(name)  # NameError (as a notebook would raise) when the submission has none
+        self[name] = value
+        return value
+
+
+def run_worker(notebook: Path, results_fd: int, cell_timeout: float) -> int:
+    """Judge every task of ``notebook``, writing one JSON line per cell to the pipe ``results_fd``.
+
+    The submission's cells run in a sandbox process; each check cell runs here, in this process, with the
+    trusted ``checks`` and the release's parameters, and reaches the submission's definitions only through
+    ``sandbox.Remote`` (plain data back). Nothing the submission runs can write to ``results_fd``.
+    """
+    import contextlib
+    import io as _io
+
+    import course_lib
+
+    from . import checks as trusted_checks
+    from .sandbox import LearnerCodeError, Sandbox, SandboxGone
 
     nb = nbformat.read(notebook, as_version=4)
-    client = NotebookClient(
-        nb, timeout=int(cell_timeout), kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-        error_on_timeout={"ename": "CellTimeout",
-                          "evalue": f"the cell ran longer than {cell_timeout:.0f}s and was interrupted"},
-        resources={"metadata": {"path": str(notebook.parent)}})
-    replies = {}
-    client.on_cell_executed = lambda cell, cell_index, execute_reply: replies.__setitem__(cell_index, execute_reply)
-    with open(results, "a") as out, client.setup_kernel():
-        kernel_pid = getattr(getattr(client.km, "provisioner", None), "process", None)
-        kernel_pid = getattr(kernel_pid, "pid", None)
-        try:
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code" or not cell.source.strip():
-                    continue
-                start = time.monotonic()
-                try:
-                    client.execute_cell(cell, index)
-                except DeadKernelError:
-                    out.write(json.dumps({"index": index, "ename": "DeadKernel",
-                                          "evalue": "the kernel died while running this cell"}) + "\n")
-                    break
-                out.write(json.dumps(_cell_record(index, cell, replies.get(index), time.monotonic() - start,
-                                                  cell_timeout)) + "\n")
-                out.flush()
-                cell.outputs = []  # megabytes of prints need not stay in memory
-        finally:
-            if kernel_pid:  # anything the kernel launched (torchrun and its workers) goes with it
-                import psutil
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    check_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and task_of(c)]
+    trusted = _trusted_cells(nb)
+    sandbox = Sandbox([(i, src) for i, src in code if i not in check_cells], notebook.parent, cell_timeout,
+                      log=notebook.parent.parent / "sandbox.log")
+    names = _CheckNames(sandbox, {"checks": trusted_checks, "course_lib": course_lib})
+    for i in sorted(trusted):
+        exec(compile(nb.cells[i].source, f"<cell {i}>", "exec"), {"__builtins__": __builtins__}, names)
+    out = os.fdopen(results_fd, "w", buffering=1)
+    written = set()
 
-                try:
-                    for child in psutil.Process(kernel_pid).children(recursive=True):
-                        stop_tree(child.pid, grace=1.0)
-                except psutil.NoSuchProcess:
-                    pass
+    def emit(record: dict) -> None:
+        out.write(json.dumps(record) + "\n")
+
+    try:
+        for index in check_cells:
+            sandbox.run_until(index)
+            for i, record in sorted(sandbox.records.items()):
+                if i not in written:
+                    emit(record)
+                    written.add(i)
+            start = time.monotonic()
+            printed = _io.StringIO()
+            ename = evalue = ""
+            try:
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                    exec(compile(nb.cells[index].source, f"<check cell {index}>", "exec"),
+                         {"__builtins__": __builtins__}, names)
+            except SandboxGone as exc:
+                ename = "CellTimeout" if "longer than" in str(exc) else "DeadKernel"
+                evalue = str(exc)
+            except LearnerCodeError as exc:
+                ename, evalue = "LearnerCodeError", str(exc)
+            except Exception as exc:  # the check's verdict (CheckFailed, NotAttempted) or the submission's error
+                ename, evalue = type(exc).__name__, str(exc)
+            emit({"index": index, "ename": ename, "evalue": _cap(evalue), "output": _cap(printed.getvalue(), 600),
+                  "seconds": round(time.monotonic() - start, 1)})
+    finally:
+        sandbox.close()
+        out.close()
     return 0
 
 
 # --- grading -------------------------------------------------------------------------------------
 
 
-def _read_records(path: Path) -> dict[int, dict]:
+def _read_all(fd: int, into: list[bytes]) -> None:
+    with os.fdopen(fd, "rb") as stream:
+        for chunk in iter(lambda: stream.read(65536), b""):
+            into.append(chunk)
+
+
+def _parse_records(text: str) -> dict[int, dict]:
     records = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short when the worker was killed
-            records[record["index"]] = record
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the worker was killed
+        records[record["index"]] = record
     return records
 
 
@@ -235,13 +274,17 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
     try:
         notebook = workdir / submission.name
         nbformat.write(nb, notebook)
-        records_path = base / "results.jsonl"
+        read_end, write_end = os.pipe()  # only the worker holds the write end: no file a submission could forge
         log = open(base / "worker.log", "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
         # Its own session, and a guard that ends it, its kernel and their runs if the grader is killed.
         worker = start_process(
-            [sys.executable, "-m", "course_lib.teaching.grading", "--worker", str(notebook), str(records_path),
-             "--cell-timeout", str(cell_timeout)], env=env, cwd=workdir, log=log)
+            [sys.executable, "-m", "course_lib.teaching.grading", "--worker", str(notebook), str(write_end),
+             "--cell-timeout", str(cell_timeout)], env=env, cwd=workdir, log=log, pass_fds=(write_end,))
+        os.close(write_end)
+        received: list[bytes] = []
+        reader = threading.Thread(target=_read_all, args=(read_end, received), daemon=True)
+        reader.start()
         why = ""
         try:
             worker.wait(timeout=timeout)
@@ -255,13 +298,14 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
                 worker.wait()
             release(worker)
             log.close()
-        records = _read_records(records_path)
+        reader.join(timeout=10)
+        records = _parse_records(b"".join(received).decode(errors="replace"))
         if not records and worker.returncode:
             tail = (base / "worker.log").read_text(errors="replace")[-MESSAGE_LIMIT:]
             why = f"{why}: {tail}"
         died = [r for r in records.values() if r.get("ename") == "DeadKernel"]
         if died and not why:
-            why = f"the kernel died in cell {died[0]['index']}"
+            why = f"the submission's process ended in cell {died[0]['index']}"
         result.tasks = classify(nb, tasks, records, why)
         result.note = why
     finally:
@@ -337,10 +381,10 @@ def cli(argv: list[str]) -> int:
 
 def _worker_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.teaching.grading --worker")
-    parser.add_argument("--worker", nargs=2, metavar=("NOTEBOOK", "RESULTS"), required=True)
+    parser.add_argument("--worker", nargs=2, metavar=("NOTEBOOK", "RESULTS_FD"), required=True)
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT)
     args = parser.parse_args(argv)
-    return run_worker(Path(args.worker[0]), Path(args.worker[1]), args.cell_timeout)
+    return run_worker(Path(args.worker[0]), int(args.worker[1]), args.cell_timeout)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 import torch
 
+from ..sandbox import is_module
 from .harness import CheckFailed, NotAttempted, Report, call, launch_script, rank_outputs
 
 
@@ -82,8 +83,9 @@ def check_load_model(load_model) -> None:
                 report.fail(f"{story}: load_model raised {type(exc).__name__}: {str(exc)[:300]}",
                             "DDP's state_dict names every tensor `module.<name>`; MyModel expects `<name>`.")
                 continue
-            if not isinstance(model, torch.nn.Module):
-                report.fail(f"{story}: load_model returned {type(model).__name__}, expected a MyModel")
+            if not is_module(model):  # a module here, or one in the grader's sandbox of the submission
+                report.fail(f"{story}: load_model returned {getattr(model, 'type_name', type(model).__name__)}, "
+                            "expected a MyModel")
                 continue
             same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
             report.expect(same and set(model.state_dict()) == set(trained.state_dict()),
