@@ -621,8 +621,12 @@ def _error(spread_: dict, median: float | None = None) -> list[float]:
     return [max(0.0, median - spread_["min"]), max(0.0, spread_["max"] - median)]
 
 
-def plot_result(result: dict, path=None):
-    """One figure, a panel per question, ranges as error bars; saved to ``path`` when given. Returns the figure."""
+def plot_result(result: dict, path=None, targets: bool = True):
+    """One figure, a panel per question, ranges as error bars; saved to ``path`` when given. Returns the figure.
+
+    ``targets=False`` leaves out the course's goals (the dashed lines and the targets panel): lesson 07 shows what
+    was measured; the goals belong to the benchmark's own report.
+    """
     import matplotlib
 
     if path is not None and "ipykernel" not in sys.modules:
@@ -667,12 +671,12 @@ def plot_result(result: dict, path=None):
         ratios, ranges = result["abstraction"]["ratio_to_ddp"], result["abstraction"]["ratio_spread"]
         level_ax.bar(list(ratios), list(ratios.values()), color=["tab:gray", "tab:blue", "tab:purple"],
                      yerr=list(zip(*[_error(ranges[n]) for n in ratios])), capsize=4)
-        for name, (target, _) in TARGETS.items():
+        for name, (target, _) in TARGETS.items() if targets else ():
             if name in ("accelerate_vs_ddp", "trainer_vs_ddp"):
                 x = 1 if name.startswith("accelerate") else 2
                 level_ax.hlines(target, x - 0.4, x + 0.4, colors="k", linestyles="dashed")
         level_ax.set_ylabel("epoch time / raw DDP")
-        level_ax.set_title("3. abstraction overhead (dashed: target)")
+        level_ax.set_title("3. abstraction overhead" + (" (dashed: target)" if targets else ""))
     if "mixed_precision" in result:
         models = result["mixed_precision"]["models"]
         mp_ax.bar(list(models), [row["bf16_speedup"] for row in models.values()], color="tab:green",
@@ -682,11 +686,17 @@ def plot_result(result: dict, path=None):
         mp_ax.set_title(f"4. bf16 autocast on {result['mixed_precision']['device']}")
     table = result.get("targets", {})
     names = [n for n in table if table[n]["measured"] is not None]
-    target_ax.barh(names, [table[n]["measured"] / table[n]["target"] for n in names],
-                   color=["tab:green" if table[n]["met"] else "tab:red" for n in names])
-    target_ax.axvline(1.0, color="k", linestyle="dashed")
-    target_ax.set_xlabel("measured / target (left of the line: met)")
-    target_ax.set_title("targets (incl. 5. launch overhead)")
+    if targets:
+        target_ax.barh(names, [table[n]["measured"] / table[n]["target"] for n in names],
+                       color=["tab:green" if table[n]["met"] else "tab:red" for n in names])
+        target_ax.axvline(1.0, color="k", linestyle="dashed")
+        target_ax.set_xlabel("measured / target (left of the line: met)")
+        target_ax.set_title("targets (incl. 5. launch overhead)")
+    else:
+        target_ax.barh(names, [table[n]["measured"] for n in names], color="tab:blue")
+        target_ax.axvline(1.0, color="k", linestyle="dashed")
+        target_ax.set_xlabel("ratio (1: a tie)")
+        target_ax.set_title("this run's ratios (incl. 5. launch overhead)")
     target_ax.invert_yaxis()
     load = (f"load {result['load'][0]['load_average'][0]:.1f} at start{' (BUSY)' if result['machine']['busy'] else ''}"
             if result["load"] else "nothing measured live")
