@@ -1,16 +1,14 @@
-"""exercises/ is generated from solutions/: in sync, leaking nothing, and stopping at the first task."""
+"""exercises/ is generated from solutions/ in nbgrader's format: in sync and leaking nothing (nbgrader runs them: test_nbgrader.py)."""
 import subprocess
 import sys
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
 
-from course_lib.teaching.exercises import (BEGIN, DEFAULT_HINT, END, EXERCISES, SOLUTIONS, MarkerError, build,
-                                  make_exercise, solution_notebooks, solution_regions)
-from course_lib.teaching.grading import NOT_ATTEMPTED_ERRORS, task_of
-from notebook_runner import ROOT, fast_parameters, inject_parameters
+from course_lib.teaching.exercises import (BEGIN, CODE_STUB, END, EXERCISES, SOLUTIONS, MarkerError, annotate,
+                                           build, make_exercise, solution_notebooks, solution_regions)
+from course_lib.teaching.grading import task_of
+from notebook_runner import ROOT
 
 SOLUTION_PATHS = solution_notebooks()
 
@@ -25,31 +23,55 @@ def _nb(*cells):
     return nb
 
 
+def _check(task, **course):
+    return nbformat.v4.new_code_cell("assert True", metadata={"course": {"task": task, **course}})
+
+
 # --- the generator ---------------------------------------------------------------------------------
 
 
-def test_a_region_becomes_an_indented_raise_with_its_hint():
-    source = ("def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    ### HINT: double it\n    return 2 * x\n"
+def test_a_region_becomes_the_stub_at_its_indentation_and_the_hint_above_it_stays():
+    source = ("def f(x):\n    y = 1\n    # Hint: double it\n    ### BEGIN SOLUTION\n    return 2 * x\n"
               "    ### END SOLUTION\n\nprint(f(1))")
-    exercise = make_exercise(_nb(nbformat.v4.new_code_cell(source)))
-    assert exercise.cells[0].source == ("def f(x):\n    y = 1\n    # YOUR CODE HERE\n"
-                                        "    raise NotImplementedError('double it')\n\nprint(f(1))")
+    exercise = make_exercise(_nb(nbformat.v4.new_code_cell(source), _check("t")))
+    stub = "\n".join("    " + line for line in CODE_STUB.split("\n"))
+    assert exercise.cells[0].source == f"def f(x):\n    y = 1\n    # Hint: double it\n{stub}\n\nprint(f(1))"
+    assert stub.endswith("    raise NotImplementedError(\"replace these two lines with your answer, then run the check below\")")
 
 
-def test_a_region_without_hint_gets_the_default_hint_at_its_indentation():
-    cell = nbformat.v4.new_code_cell(f"if True:\n        {BEGIN}\n        x = 1\n        {END}")
-    assert make_exercise(_nb(cell)).cells[0].source.endswith(f"        raise NotImplementedError({DEFAULT_HINT!r})")
+@pytest.mark.parametrize("source,problem", [
+    (f"{BEGIN}\n### HINT: double it\nx = 1\n{END}", "hint inside a region"),
+    (f"x = 1  # {BEGIN}\ny = 2\n{END}", "a line of its own"),
+])
+def test_what_nbgrader_would_read_differently_is_an_error_naming_the_cell(source, problem):
+    with pytest.raises(MarkerError, match=f"cell 0, line .*{problem}"):
+        make_exercise(_nb(nbformat.v4.new_code_cell(source), _check("t")))
 
 
-def test_outputs_are_cleared_and_other_cells_are_unchanged():
+def test_cells_get_nbgrader_roles_outputs_are_cleared_and_nothing_else_changes():
     solved = nbformat.v4.new_code_cell(f"{BEGIN}\nx = 1\n{END}", execution_count=3,
                                        outputs=[nbformat.v4.new_output("stream", text="hi")])
-    other = nbformat.v4.new_code_cell("print('keep me')", metadata={"course": {"task": "t"}})
-    prose = nbformat.v4.new_markdown_cell(f"Explain:\n{BEGIN}\nthe answer\n{END}")
-    exercise = make_exercise(_nb(solved, other, prose))
+    check = _check("02.1", points=2)
+    prose = nbformat.v4.new_markdown_cell("Explain what the check does.")
+    solution = annotate(_nb(solved, check, prose))
+    roles = [{k: c.metadata.nbgrader[k] for k in ("solution", "grade", "locked", "grade_id")} for c in solution.cells]
+    assert roles == [{"solution": True, "grade": False, "locked": False, "grade_id": "answer-02-1"},
+                     {"solution": False, "grade": True, "locked": True, "grade_id": "check-02-1"},
+                     {"solution": False, "grade": False, "locked": True, "grade_id": prose.id}]
+    assert solution.cells[1].metadata.nbgrader["points"] == 2
+    exercise = make_exercise(solution)
     assert exercise.cells[0].outputs == [] and exercise.cells[0].execution_count is None
-    assert exercise.cells[1] == other
-    assert exercise.cells[2].source == "Explain:\nYOUR ANSWER HERE"
+    assert [c.metadata.get("editable", True) for c in exercise.cells] == [True, False, False]
+    assert exercise.cells[1].source == check.source and exercise.cells[2].source == prose.source
+    assert len({c.metadata.nbgrader["checksum"] for c in exercise.cells}) == 3
+
+
+def test_a_written_answer_or_an_answer_after_the_last_check_is_an_error():
+    prose = nbformat.v4.new_markdown_cell(f"Explain:\n{BEGIN}\nthe answer\n{END}")
+    with pytest.raises(MarkerError, match="written answer"):
+        annotate(_nb(prose, _check("t")))
+    with pytest.raises(MarkerError, match="after the last check"):
+        annotate(_nb(_check("t"), nbformat.v4.new_code_cell(f"{BEGIN}\nx = 1\n{END}")))
 
 
 @pytest.mark.parametrize("source", [f"{BEGIN}\nx = 1", f"x = 1\n{END}", f"{BEGIN}\n{BEGIN}\n{END}\n{END}"])
@@ -58,15 +80,18 @@ def test_unbalanced_markers_are_an_error_naming_the_cell(source):
         make_exercise(_nb(nbformat.v4.new_code_cell(source)))
 
 
-def test_build_writes_missing_and_removes_stale_exercises(tmp_path):
+def test_build_annotates_solutions_writes_missing_and_removes_stale_exercises(tmp_path):
     solutions, exercises = tmp_path / "solutions", tmp_path / "exercises"
     solutions.mkdir(), exercises.mkdir()
-    nbformat.write(_nb(nbformat.v4.new_code_cell(f"{BEGIN}\nx = 1\n{END}")), solutions / "01_a_exercises.ipynb")
+    nbformat.write(_nb(nbformat.v4.new_code_cell(f"{BEGIN}\nx = 1\n{END}"), _check("t")),
+                   solutions / "01_a_exercises.ipynb")
     (exercises / "99_gone_exercises.ipynb").write_text("{}")
-    assert len(build(solutions, exercises, check=True)) == 2
+    problems = build(solutions, exercises, check=True)
+    assert len(problems) == 3 and "nbgrader's metadata" in problems[0]
     build(solutions, exercises)
     assert [p.name for p in exercises.iterdir()] == ["01_a_exercises.ipynb"]
     assert build(solutions, exercises, check=True) == []
+    assert nbformat.read(solutions / "01_a_exercises.ipynb", as_version=4).cells[1].metadata.nbgrader["grade"]
 
 
 # --- the committed notebooks -------------------------------------------------------------------------
@@ -120,16 +145,14 @@ def test_every_task_has_an_answer_region_and_a_tagged_check(path):
     assert not any(BEGIN in c.source for c in since_check), f"{path.name}: a solution region after the last check"
 
 
-@pytest.mark.notebook
-@pytest.mark.parametrize("path", SOLUTION_PATHS, ids=_id)
-def test_exercise_runs_to_not_implemented_at_its_first_task(path):
-    exercise = EXERCISES / path.name
-    nb = inject_parameters(nbformat.read(exercise, as_version=4), fast_parameters(nbformat.read(exercise, as_version=4)))
-    first_check = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and task_of(c))
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(EXERCISES)}})
-    with pytest.raises(CellExecutionError) as caught:
-        client.execute()
-    failing = next(i for i, c in enumerate(nb.cells)
-                   if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
-    assert caught.value.ename in NOT_ATTEMPTED_ERRORS, f"{exercise.name} stopped with {caught.value.ename}: {caught.value.evalue}"
-    assert failing <= first_check, f"{exercise.name} failed in cell {failing}, after its first task's check (cell {first_check})"
+def test_a_check_says_not_attempted_without_launching_while_the_placeholder_is_there(tmp_path, monkeypatch):
+    from course_lib import launch
+    from course_lib.teaching.checks.harness import NotAttempted, launch_script, run_harness
+
+    monkeypatch.setattr(launch, "torchrun", lambda *a, **k: pytest.fail("launched a script that holds the placeholder"))
+    script = tmp_path / "task.py"
+    script.write_text("def main():\n" + "\n".join("    " + line for line in CODE_STUB.splitlines()) + "\n")
+    with pytest.raises(NotAttempted, match="not attempted"):
+        launch_script("t", script)
+    with pytest.raises(NotAttempted, match="not attempted"):
+        run_harness("t", script, "pass")

@@ -50,6 +50,11 @@ class TaskResult:
     task: str
     status: str
     message: str = ""
+    max_points: float = 1.0  # the check cell's nbgrader points
+
+    @property
+    def points(self) -> float:
+        return self.max_points if self.status == PASSED else 0.0
 
 
 @dataclass
@@ -67,14 +72,30 @@ class Grade:
         return sum(t.status == PASSED for t in self.tasks)
 
     @property
+    def points(self) -> float:
+        return sum(t.points for t in self.tasks)
+
+    @property
+    def max_points(self) -> float:
+        return sum(t.max_points for t in self.tasks)
+
+    @property
     def score(self) -> float:
-        return self.passed / len(self.tasks) if self.tasks else 0.0
+        """Points earned over points possible, each task weighted by its check cell's nbgrader points."""
+        return self.points / self.max_points if self.max_points else 0.0
 
 
 def task_of(cell) -> str | None:
-    """The task id a check cell is tagged with (``course.task``, or nbgrader's ``grade_id``)."""
+    """The task a check cell grades: its ``course.task``, or the ``grade_id`` of an nbgrader test cell."""
     meta = cell.get("metadata", {})
-    return meta.get("course", {}).get("task") or meta.get("nbgrader", {}).get("grade_id")
+    nbgrader = meta.get("nbgrader", {})
+    autograded_test = nbgrader.get("grade") and not nbgrader.get("solution")
+    return meta.get("course", {}).get("task") or (nbgrader.get("grade_id") if autograded_test else None)
+
+
+def points_of(cell) -> float:
+    """What a check cell is worth: its nbgrader ``points`` (the same number ``nbgrader autograde`` uses), else 1."""
+    return float(cell.get("metadata", {}).get("nbgrader", {}).get("points", 1))
 
 
 def _cap(text: str, limit: int = MESSAGE_LIMIT) -> str:
@@ -86,13 +107,13 @@ def _cap(text: str, limit: int = MESSAGE_LIMIT) -> str:
 
 
 def prepare(submission: Path, source_dir: Path | None = EXERCISES):
-    """The notebook to run and the task ids to grade (the released exercise's, when there is one)."""
+    """The notebook to run and the tasks to grade with their points (the released exercise's, when there is one)."""
     nb = nbformat.read(submission, as_version=4)
     released = Path(source_dir) / submission.name if source_dir else None
     if released is not None and released.is_file():
         original = nbformat.read(released, as_version=4)
         checks = {task_of(c): c for c in original.cells if c.cell_type == "code" and task_of(c)}
-        tasks = list(checks)
+        tasks = {task: points_of(cell) for task, cell in checks.items()}
         for i, cell in enumerate(nb.cells):
             task = task_of(cell)
             if cell.cell_type == "code" and task in checks:
@@ -104,7 +125,7 @@ def prepare(submission: Path, source_dir: Path | None = EXERCISES):
         nb.metadata.setdefault("course", {})["fast_parameters"] = \
             original.metadata.get("course", {}).get("fast_parameters", {})
     else:
-        tasks = [task_of(c) for c in nb.cells if c.cell_type == "code" and task_of(c)]
+        tasks = {task_of(c): points_of(c) for c in nb.cells if c.cell_type == "code" and task_of(c)}
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -221,7 +242,7 @@ def _parse_records(text: str) -> dict[int, dict]:
     return records
 
 
-def classify(nb, tasks: list[str], records: dict[int, dict], why_stopped: str = "") -> list[TaskResult]:
+def classify(nb, tasks: dict[str, float], records: dict[int, dict], why_stopped: str = "") -> list[TaskResult]:
     """Each task's status from the cells' records: its own cells (since the previous check) and its check."""
     results = {}
     first = 0
@@ -247,7 +268,10 @@ def classify(nb, tasks: list[str], records: dict[int, dict], why_stopped: str = 
             else:
                 message = f"{check['ename']}: {check['evalue']}"
             results[task] = TaskResult(task, FAILED, _cap(message))
-    return [results.get(t) or TaskResult(t, FAILED, "its check cell is missing from the submission") for t in tasks]
+    graded = [results.get(t) or TaskResult(t, FAILED, "its check cell is missing from the submission") for t in tasks]
+    for result in graded:
+        result.max_points = tasks[result.task]
+    return graded
 
 
 def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float = CELL_TIMEOUT,
@@ -262,8 +286,8 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
         result.note = f"could not read the notebook: {type(exc).__name__}: {exc}"
         released = Path(source_dir) / submission.name if source_dir else None
         if released is not None and released.is_file():
-            tasks = [task_of(c) for c in nbformat.read(released, as_version=4).cells if task_of(c)]
-            result.tasks = [TaskResult(t, FAILED, result.note) for t in tasks]
+            cells = [c for c in nbformat.read(released, as_version=4).cells if task_of(c)]
+            result.tasks = [TaskResult(task_of(c), FAILED, result.note, points_of(c)) for c in cells]
         if not quiet:
             print(f"{submission}: {result.note}", flush=True)
         return result
@@ -335,16 +359,16 @@ def write_csv(grades: list[Grade], out) -> None:
         for g in grades:
             for t in g.tasks:
                 writer.writerow({"submission": g.submission, "notebook": g.notebook, "task": t.task,
-                                 "status": t.status, "points": int(t.status == PASSED),
+                                 "status": t.status, "points": f"{t.points:g}",
                                  "message": t.message, "seconds": f"{g.seconds:.1f}"})
 
 
 def summary_table(grades: list[Grade]) -> str:
     """One line per submission: score, time, and every task's status."""
     short = {PASSED: "ok", FAILED: "FAIL", NOT_ATTEMPTED: "--"}
-    rows = [("submission", "score", "seconds", "tasks (ok passed, FAIL failed, -- not attempted)")]
+    rows = [("submission", "points", "seconds", "tasks (ok passed, FAIL failed, -- not attempted)")]
     for g in grades:
-        rows.append((g.submission, f"{g.passed}/{len(g.tasks)} ({100 * g.score:.0f}%)", f"{g.seconds:.0f}",
+        rows.append((g.submission, f"{g.points:g}/{g.max_points:g} ({100 * g.score:.0f}%)", f"{g.seconds:.0f}",
                      "  ".join(f"{t.task} {short[t.status]}" for t in g.tasks) or g.note))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows]

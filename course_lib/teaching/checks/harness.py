@@ -76,6 +76,14 @@ def call(task: str, fn, *args, **kwargs):
         raise not_attempted(task, f"`{name}`") from None
 
 
+def has_placeholder(path: Path) -> bool:
+    """Whether the file still holds the exercise's placeholder line (``exercises.CODE_STUB``) as code."""
+    from ..exercises import CODE_STUB
+
+    placeholder = CODE_STUB.splitlines()[-1]
+    return any(line.strip() == placeholder for line in Path(path).read_text(errors="replace").splitlines())
+
+
 def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: float = LAUNCH_TIMEOUT,
             max_restarts: int = 0, env: dict | None = None, allow_failure: bool = False):
     """Run ``script`` with torchrun; a missing script, a hang or a failing rank becomes a clear CheckFailed.
@@ -88,6 +96,8 @@ def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: fl
     if not script.is_file():
         raise CheckFailed(f"Task {task}: there is no script at {script}. Run the cell that writes it "
                           "(the one starting with %%write_script) first, then this check.")
+    if has_placeholder(script):
+        raise not_attempted(task, f"the script {script}")  # known without launching it
     print(f"Launching {script} on {nproc} processes:")
     try:
         result = torchrun(script, nproc=nproc, script_args=script_args, timeout=timeout, check=False,
@@ -164,6 +174,8 @@ def run_harness(task: str, learner_script, body: str, nproc: int = 2) -> dict[in
     if not learner_script.is_file():
         raise CheckFailed(f"Task {task}: there is no file {learner_script}. Run the cell that writes it "
                           "(the one starting with %%write_script) first, then this check.")
+    if has_placeholder(learner_script):  # each harness task has a file of its own: not attempted yet
+        raise not_attempted(task, f"{learner_script}")
     harness = learner_script.with_name(f"_check_{learner_script.stem}.py")
     text = HARNESS.format(task=task, learner=learner_script.name, learner_path=str(learner_script.resolve()),
                            this=harness.as_posix(), prefix=RESULT_PREFIX,
