@@ -1,0 +1,146 @@
+"""nbgrader, run for real on every lesson's exercises.
+
+An nbgrader course folder made by ``python -m course_lib exercises nbgrader``: ``generate_assignment`` releases
+exactly the committed ``exercises/``; ``autograde`` gives every solution full marks (with no cell failing, so
+this also runs each solution top to bottom) and every untouched release zero (stopping first at a placeholder);
+``generate_feedback`` writes feedback; and the course's own grader gives the same points as nbgrader.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.teaching.exercises import (CODE_STUB, EXERCISES, assignment_name, nbgrader_course,
+                                           solution_notebooks)
+from course_lib.teaching.grading import grade, task_of
+from notebook_runner import ROOT
+from test_grading import _forged
+
+SOLUTIONS = solution_notebooks()
+LESSONS = [assignment_name(p) for p in SOLUTIONS]
+STUDENTS = ("solution", "untouched")  # the solution notebook as submitted, and the release as handed out
+PARTIAL = "partial"  # lesson 00's release with task 00.2 answered, and nothing else
+FORGED = "forged"  # lesson 00's release with test_grading's forgery in task 00.2's cell
+
+
+def nbgrader(folder: Path, *args: str) -> str:
+    """``nbgrader ARGS`` in the course folder, with this environment's tools on PATH (nbgrader runs alembic)."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=3600)
+    assert done.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done.stdout + done.stderr
+
+
+def _partial(release: Path, target: Path) -> None:
+    """Task 00.2 answered in the released notebook (the solution's function), every other task untouched."""
+    nb = nbformat.read(release, as_version=4)
+    solution = nbformat.read(ROOT / "solutions" / release.name, as_version=4)
+    for mine, theirs in zip(nb.cells, solution.cells):
+        if mine.metadata.get("nbgrader", {}).get("grade_id") == "answer-00-2":
+            mine.source = "\n".join(line for line in theirs.source.splitlines() if "SOLUTION" not in line)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """The course folder after ``generate_assignment`` and ``autograde`` of every lesson and student."""
+    folder = tmp_path_factory.mktemp("nbgrader-course")
+    nbgrader_course(folder)
+    nbgrader(folder, "generate_assignment", "*", "--force")
+    for lesson, solution in zip(LESSONS, SOLUTIONS):
+        for student, source in zip(STUDENTS, (folder / "source", folder / "release")):
+            target = folder / "submitted" / student / lesson
+            target.mkdir(parents=True)
+            shutil.copy(source / lesson / solution.name, target / solution.name)
+    _partial(folder / "release" / LESSONS[0] / SOLUTIONS[0].name,
+             folder / "submitted" / PARTIAL / LESSONS[0] / SOLUTIONS[0].name)
+    forged = _forged(folder, "")  # no exit at its end: the kernel goes on to the checks
+    (folder / "submitted" / FORGED / LESSONS[0]).mkdir(parents=True)
+    shutil.move(forged, folder / "submitted" / FORGED / LESSONS[0] / forged.name)
+    nbgrader(folder, "autograde", "*", "--create", "--force")
+    return folder
+
+
+def scores(folder: Path, lesson: str, student: str) -> dict[str, float]:
+    """nbgrader's points per check cell (grade_id) for one student's submission, from its gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{folder / 'gradebook.db'}") as gradebook:
+        notebook = gradebook.find_submission_notebook(f"{lesson}_exercises", lesson, student)
+        return {g.name: g.score for g in notebook.grades}
+
+
+def _errors(nb) -> list[tuple[int, str]]:
+    return [(i, o.get("ename", "")) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            for o in c.get("outputs", []) if o.get("output_type") == "error"]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_generate_assignment_releases_exactly_the_committed_exercise(course, lesson):
+    name = f"{lesson}_exercises.ipynb"
+    released = json.loads((course / "release" / lesson / name).read_text())
+    assert released == json.loads((EXERCISES / name).read_text()), (
+        f"nbgrader's release of {name} differs from exercises/{name}; run `python -m course_lib exercises build`")
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_autograde_gives_the_solution_full_marks_with_no_cell_failing(course, lesson):
+    got = scores(course, lesson, "solution")
+    checks = [c for c in nbformat.read(EXERCISES / f"{lesson}_exercises.ipynb", as_version=4).cells if task_of(c)]
+    assert set(got) == {c.metadata.nbgrader["grade_id"] for c in checks}
+    assert got == {c.metadata.nbgrader["grade_id"]: float(c.metadata.nbgrader["points"]) for c in checks}
+    graded = nbformat.read(course / "autograded" / "solution" / lesson / f"{lesson}_exercises.ipynb", as_version=4)
+    assert _errors(graded) == [], f"cells of the solution failed under nbgrader: {_errors(graded)}"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_autograde_gives_the_untouched_release_zero_first_failing_at_a_placeholder(course, lesson):
+    got = scores(course, lesson, "untouched")
+    assert got and set(got.values()) == {0.0}, f"the untouched release of {lesson} earned points: {got}"
+    graded = nbformat.read(course / "autograded" / "untouched" / lesson / f"{lesson}_exercises.ipynb", as_version=4)
+    first_check = next(i for i, c in enumerate(graded.cells) if task_of(c))
+    index, ename = _errors(graded)[0]
+    assert ename in ("NotImplementedError", "NotAttempted") and index <= first_check, (
+        f"{lesson}: the first failing cell is {index} ({ename}), not a placeholder at or before the first check "
+        f"(cell {first_check})")
+    stub = CODE_STUB.splitlines()[-1]
+    assert any(stub in c.source for c in graded.cells), f"{lesson}: no placeholder `{stub}` in the release"
+
+
+@pytest.mark.notebook
+def test_generate_feedback_writes_each_students_report_with_their_score(course):
+    lesson = LESSONS[0]
+    nbgrader(course, "generate_feedback", lesson, "--force")
+    for student, points in (("solution", 3), ("untouched", 0), (PARTIAL, 1)):
+        html = (course / "feedback" / student / lesson / f"{lesson}_exercises.html").read_text()
+        expected = f"{lesson}_exercises (Score: {points:.1f} / 3.0)"
+        assert expected in html, f"{student}'s feedback does not show {expected!r}"
+
+
+@pytest.mark.notebook
+def test_the_course_grader_gives_the_same_points_as_nbgrader(course):
+    """Solution, untouched release and one task done: the two graders agree task by task."""
+    lesson = LESSONS[0]
+    for student in (*STUDENTS, PARTIAL):
+        submission = course / "submitted" / student / lesson / f"{lesson}_exercises.ipynb"
+        ours = grade(submission, cell_timeout=300, quiet=True)
+        theirs = scores(course, lesson, student)
+        assert {f"check-{t.task.replace('.', '-')}": t.points for t in ours.tasks} == theirs, (student, ours.tasks)
+    assert ours.points == 1 and ours.max_points == 3  # the partial submission: 00.2 only
+
+
+@pytest.mark.notebook
+def test_nbgrader_runs_checks_in_the_submissions_kernel_so_a_forgery_passes_what_follows_it(course):
+    """What instructors.md says of nbgrader: the forgery the course's grader scores 0/3 (test_grading.py) gets the
+    points of every check that runs after the forging cell (00.2's and 00.3's), though neither task is done."""
+    assert scores(course, LESSONS[0], FORGED) == {"check-00-1": 0.0, "check-00-2": 1.0, "check-00-3": 1.0}
