@@ -433,6 +433,13 @@ def measure_mixed_precision(runner: Runner, cfg: dict) -> dict:
 # --- 5. launch overhead ------------------------------------------------------------------------
 
 
+def portable(text: str, folder: Path) -> str:
+    """``text`` with this run's temporary folder as ``$BENCH_TMP``, the repository's own paths relative to it, and
+    an environment outside it (conda) as ``$PREFIX``: a committed result names no path of the machine it ran on."""
+    text = text.replace(str(folder), "$BENCH_TMP").replace(f"{ROOT}{os.sep}", "")
+    return text.replace(f"{sys.prefix}{os.sep}", f"$PREFIX{os.sep}")
+
+
 def measure_launch(scripts: dict, folder: Path, pairs: int, nproc: int = 2) -> dict:
     """Wall time of course_lib.torchrun vs the very command it prints, pasted into a shell; alternating."""
     run_dir = folder / "launch_probe"
@@ -455,6 +462,7 @@ def measure_launch(scripts: dict, folder: Path, pairs: int, nproc: int = 2) -> d
                 shell.append(time.perf_counter() - start)
     ratios = [a / b for a, b in zip(library, shell)]
     ratio = spread(ratios)
+    command, shell_command = portable(command, folder), portable(shell_command, folder)
     log(f"  course_lib median {statistics.median(library):.2f}s vs shell {statistics.median(shell):.2f}s "
         f"({pairs} pairs): {ratio['median']:.2f}x (range {ratio['min']:.2f}-{ratio['max']:.2f})")
     return {"nproc": nproc, "repeats": pairs, "course_lib_s": library, "shell_s": shell, "command": command,

@@ -3,6 +3,8 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +80,16 @@ def test_bench_measures_the_launch_overhead_of_a_torchrun_command(fast_run):
     _, result, _ = fast_run
     program = [word for word in result["launch"]["command"].split() if "=" not in word][0]  # after any VAR=value
     assert program.endswith("torchrun")
+
+
+def test_bench_results_name_no_path_of_the_machine_they_ran_on(fast_run):
+    """Committed results travel: paths are relative to the repository, the run's temporary folder a placeholder."""
+    out, _, _ = fast_run
+    text = (out / "bench.json").read_text()
+    for local in (str(ROOT), tempfile.gettempdir() + "/bench-", str(Path.home())):
+        assert local not in text, f"bench.json holds the local path {local}"
+    committed = (ROOT / "benchmarks" / "results").rglob("*.json")
+    assert all(str(ROOT) not in p.read_text() and "/tmp/" not in p.read_text() for p in committed)
 
 
 def test_bench_rejects_an_unknown_section():
