@@ -139,6 +139,10 @@ def test_panel_stop_mid_run_leaves_no_process(write):
     panel.wait(timeout=60)
     assert not [pid for pid in pids if _alive(pid)], "processes of the run are still alive after Stop"
     assert "stopped" in panel.status.value
+    tab = "".join(o["text"] for o in panel.rank_outputs["launcher"].outputs)
+    assert "Traceback" not in tab and "Stopped: ended" in tab, tab[-2000:]
+    if "SignalException" in panel.result.launcher_output:  # torchrun reported the SIGTERM: kept, but not in the tab
+        assert f"torchrun's {panel._hidden} lines" in tab and panel._hidden > 0
 
 
 def test_epoch_progress_prints_one_line_per_epoch(tmp_path):

@@ -210,6 +210,7 @@ class LaunchPanel:
         args = self.arguments()
         self._nproc = self.nproc.value  # the settings of this run, whatever the widgets say later
         self.result = self.error = self._proc = self._stopped = None
+        self._hidden = 0  # launcher lines after Stop: torchrun's report of the signal it was sent
         self._text = queue.Queue()
         self._reset_views()
         run_dir = self._run_dir()
@@ -252,6 +253,11 @@ class LaunchPanel:
             self._thread.join(10)
         self.status.value = f"<b>stopped</b>: ended {count} process(es) of this run; none is left"
         self._text.put(f"Stopped: ended {count} process(es) of this run (torchrun and its workers).\n")
+        note = f"Stopped: ended {count} process(es) of this run."
+        if self._hidden:
+            note += (f" torchrun's {self._hidden} lines about the SIGTERM that Stop sent it (a traceback ending in "
+                     "SignalException) are left out here; `panel.result.launcher_output` keeps them.")
+        self.rank_outputs["launcher"].append_stdout(note + "\n")
         return count
 
     def wait(self, timeout: float | None = None):
@@ -299,6 +305,9 @@ class LaunchPanel:
 
     def line(self, rank, text: str) -> None:
         name = rank if rank in self._pending else "launcher"
+        if name == "launcher" and self._stopped is not None:
+            self._hidden += 1  # not an error of the run: torchrun reporting the signal Stop sent it
+            return
         with self._lock:
             self._pending[name].append(text + "\n")
 
