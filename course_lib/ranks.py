@@ -1,0 +1,246 @@
+"""Interactive ranks: a pool of processes in one process group, driven from notebook cells (ipyparallel).
+
+``pool = course_lib.start_ranks(2)`` starts 2 ipyparallel engines, gives each the environment torchrun would
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), joins them in
+one process group by the course's rule (NCCL and a GPU of its own per rank when there are enough GPUs, else
+gloo on CPU) and prints a table of the ranks. Then a cell starting with ipyparallel's ``%%px`` runs on every
+rank (``%%px --targets 0`` on rank 0 only), each rank's output labelled ``[stdout:R]``; each engine holds
+``torch``, ``dist``, ``rank``, ``world_size`` and ``device``, so the cell's code runs unchanged in a script after
+its own ``init_process_group``. A start costs seconds once; a cell then costs milliseconds.
+
+Failures: a rank that raises shows its traceback beside the other ranks' output; a collective that some rank
+never calls ends after ``pg_timeout`` seconds (the process group's own timeout), and the cell then says which
+ranks did not join and that ``pool.restart()`` gives a fresh group. ``pool.stop()``, the kernel's exit or its
+death by any means ends the controller and every engine: they run under ``processes.start`` and its guard.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import LaunchError
+from .processes import release, start, stop_tree
+
+PG_TIMEOUT = 10  # seconds a collective waits for the ranks that do not call it
+START_TIMEOUT = 120  # seconds for the engines to start, import torch and join
+
+_BOOT = """
+import datetime as _datetime, os as _os, socket as _socket
+_os.environ.update(RANK="{rank}", LOCAL_RANK="{rank}", WORLD_SIZE="{world}", LOCAL_WORLD_SIZE="{world}",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+import torch
+import torch.distributed as dist
+if "{backend}" == "nccl":
+    device = torch.device("cuda", {rank})
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device, timeout=_datetime.timedelta(seconds={timeout}))
+else:
+    device = torch.device("cpu")
+    dist.init_process_group("gloo", timeout=_datetime.timedelta(seconds={timeout}))
+rank, world_size = dist.get_rank(), dist.get_world_size()
+_course_rank_info = dict(rank=rank, pid=_os.getpid(), host=_socket.gethostname(), backend=dist.get_backend(),
+                         device=str(device), world_size=world_size, MASTER_PORT=_os.environ["MASTER_PORT"])
+"""
+
+
+class RankPool:
+    """A running pool of ranks: its ipyparallel client, view and processes. Made by ``start_ranks``."""
+
+    def __init__(self, nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False):
+        from .devices import choose_backend, resolve_nproc
+
+        self.nproc = resolve_nproc(nproc)
+        self.backend = choose_backend(self.nproc)
+        self.pg_timeout = pg_timeout
+        self.quiet = quiet
+        self.proc = self.client = self.view = None
+        self.folder: Path | None = None
+        self.start_seconds = None
+        self.ranks: list[dict] = []
+        self._start()
+
+    # --- start and stop ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        import ipyparallel as ipp
+
+        from .launch import free_port
+
+        began = time.monotonic()
+        self.folder = Path(tempfile.mkdtemp(prefix="course-ranks-"))
+        profile, cluster_id = self.folder / "profile", "ranks"
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+        env.pop("RANK", None)
+        self.log_path = self.folder / "ipcluster.log"
+        # ipcluster runs the controller and the engines as its children: one tree, ended as one, and a guard
+        # that ends it when this process (the notebook's kernel) dies by any means.
+        self.proc = start([sys.executable, "-m", "ipyparallel.cluster", "start", f"--n={self.nproc}",
+                           f"--profile-dir={profile}", f"--cluster-id={cluster_id}", "--log-level=WARN"],
+                          env=env, log=open(self.log_path, "w"))
+        try:
+            connection = profile / "security" / f"ipcontroller-{cluster_id}-client.json"
+            self._wait(lambda: connection.is_file() and connection.stat().st_size > 0, began, "the controller")
+            self.client = ipp.Client(str(connection))
+            self.client.wait_for_engines(self.nproc, timeout=max(1, START_TIMEOUT - (time.monotonic() - began)),
+                                         interactive=False)
+            port = free_port()
+            pending = [self.client[engine].execute(_BOOT.format(rank=rank, world=self.nproc, port=port,
+                                                                backend=self.backend, timeout=self.pg_timeout),
+                                                   block=False)
+                       for rank, engine in enumerate(sorted(self.client.ids))]
+            for job in pending:
+                job.get(timeout=max(1, START_TIMEOUT - (time.monotonic() - began)))
+            self.view = self.client[sorted(self.client.ids)]
+            self.ranks = self.view.pull("_course_rank_info", block=True)
+        except BaseException as exc:
+            self._end()
+            if isinstance(exc, (KeyboardInterrupt, LaunchError)):
+                raise
+            raise LaunchError(f"The ranks did not start ({type(exc).__name__}: {exc}). "
+                              f"The pool's log said:\n{self._log_tail()}") from exc
+        self.view.block = True  # a %%px cell waits for every rank, as a cell of a notebook does
+        self.view.activate()  # registers %px, %%px and %autopx in this notebook, bound to these ranks
+        _install_timeout_note(self)
+        self.start_seconds = time.monotonic() - began
+        if not self.quiet:
+            from .display import show_table
+
+            show_table(self.ranks, title=f"{self.nproc} ranks in one process group ({self.backend}), "
+                                         f"started in {self.start_seconds:.1f}s; run a cell on all of them with %%px")
+
+    def _wait(self, ready, began: float, what: str) -> None:
+        while not ready():
+            if self.proc.poll() is not None:
+                raise LaunchError(f"ipcluster exited with code {self.proc.returncode} before {what} was up:\n"
+                                  f"{self._log_tail()}")
+            if time.monotonic() - began > START_TIMEOUT:
+                raise LaunchError(f"{what} did not start within {START_TIMEOUT}s:\n{self._log_tail()}")
+            time.sleep(0.1)
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def pids(self) -> list[int]:
+        """The pool's processes: ipcluster, the controller, the engines and their helpers."""
+        import psutil
+
+        if self.proc is None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root.pid] + [p.pid for p in root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def _end(self) -> int:
+        import psutil
+
+        count, family = 0, self.pids()
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # a client whose controller is already gone
+                pass
+        if self.proc is not None:
+            count = stop_tree(self.proc.pid, grace=3.0)
+            self.proc.wait()
+            release(self.proc)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.proc = self.client = self.view = None
+        survivors = [pid for pid in family if psutil.pid_exists(pid) and _running(pid)]
+        if survivors:
+            raise LaunchError(f"processes {survivors} of the pool are still running; end them with "
+                              f"`kill {' '.join(map(str, survivors))}`")
+        return count
+
+    def stop(self) -> int:
+        """End the controller and every engine; return how many processes ended."""
+        count = self._end()
+        if not self.quiet:
+            print(f"Stopped the pool: {count} process(es) ended, none is left.")
+        return count
+
+    def restart(self) -> "RankPool":
+        """A fresh pool with the same settings (after a timeout the old process group cannot be trusted)."""
+        self._end()
+        self._start()
+        return self
+
+    # --- use from code ---------------------------------------------------------------------------
+
+    def run(self, code: str, targets=None) -> list:
+        """Run ``code`` on every rank (or ``targets``) and wait; what ``%%px`` does, from Python."""
+        if self.view is None:
+            raise LaunchError("The pool is stopped: start one with course_lib.start_ranks() or pool.restart().")
+        view = self.view if targets is None else self.client[targets]
+        return view.execute(code, block=True)
+
+    def pull(self, name: str) -> list:
+        """The value of ``name`` on every rank, in rank order."""
+        return self.view.pull(name, block=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def start_ranks(nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False) -> RankPool:
+    """Start ``nproc`` ranks (default: the course's process count) in one process group; see the module."""
+    return RankPool(nproc, pg_timeout, quiet)
+
+
+def timeout_note(error, nproc: int, pg_timeout: float) -> str | None:
+    """What to say when a cell's ranks failed on a collective's timeout: who waited, who never joined, the fix."""
+    error = getattr(error, "original_error", error)  # %%px raises it wrapped when the output was streamed
+    waited, others = [], []
+    for ename, evalue, _, info in getattr(error, "elist", []):
+        rank = (info or {}).get("engine_id")  # a fresh pool's engines are 0..N-1 in rank order
+        text = f"{ename} {evalue}".lower()
+        (waited if "timed out" in text or "timeout" in text or "timing out" in text else others).append(rank)
+    if not waited:
+        return None
+    missing = sorted(set(range(nproc)) - set(waited) - set(others))
+    who = (f"rank(s) {', '.join(map(str, missing))} finished the cell without calling it" if missing
+           else "the other ranks failed before reaching it")
+    return (f"Rank(s) {', '.join(map(str, sorted(waited)))} waited {pg_timeout:g}s in a collective that not every "
+            f"rank called: {who}. Every rank must call each collective, in the same order. After a timeout the "
+            "process group cannot be trusted: run pool.restart() for a fresh one.")
+
+
+def _install_timeout_note(pool: RankPool) -> None:
+    """In IPython, add ``timeout_note`` under a ``%%px`` cell's usual per-rank tracebacks."""
+    try:
+        from IPython import get_ipython
+        from ipyparallel.error import AlreadyDisplayedError, CompositeError
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def handler(self, etype, value, tb, tb_offset=None):
+        self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        note = timeout_note(value, pool.nproc, pool.pg_timeout)
+        if note:
+            print(note, file=sys.stderr)
+
+    shell.set_custom_exc((CompositeError, AlreadyDisplayedError), handler)

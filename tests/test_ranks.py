@@ -1,0 +1,128 @@
+"""The pool of interactive ranks, in a real Jupyter kernel: %%px collectives, failures, restart, stop, and a kernel
+killed with SIGKILL leaving no process of the pool behind."""
+import time
+
+import psutil
+import pytest
+
+from course_lib.ranks import timeout_note
+
+
+class _Composite(Exception):
+    def __init__(self, elist):
+        self.elist = elist
+
+
+def test_the_timeout_note_names_who_waited_and_who_never_called_the_collective():
+    timed_out = ("RuntimeError", "Timed out waiting 10000ms for recv operation to complete", [], {"engine_id": 0})
+    note = timeout_note(_Composite([timed_out]), nproc=3, pg_timeout=10)
+    assert note.startswith("Rank(s) 0 waited 10s") and "rank(s) 1, 2 finished the cell" in note
+    assert "pool.restart()" in note
+    other = ("ValueError", "rank 1 says no", [], {"engine_id": 1})
+    assert timeout_note(_Composite([other]), nproc=2, pg_timeout=10) is None  # not a timeout: nothing to add
+
+
+def _alive(pids):
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _run(client, code: str, timeout: float = 120) -> dict:
+    """Execute ``code`` in the kernel; its stdout, stderr, displayed text and error name."""
+    msg_id = client.execute(code)
+    seen = {"stdout": "", "stderr": "", "display": "", "error": None}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg = client.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            seen[content["name"]] += content["text"]
+        elif kind in ("display_data", "execute_result"):
+            seen["display"] += content["data"].get("text/html", "") + content["data"].get("text/plain", "") + "\n"
+        elif kind == "error":
+            seen["error"] = content["ename"]
+            seen["stderr"] += "\n".join(content["traceback"])
+        elif kind == "status" and content["execution_state"] == "idle":
+            return seen
+    raise TimeoutError(f"the kernel did not finish {code!r} within {timeout}s")
+
+
+@pytest.mark.notebook
+def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_leaves_nothing(tmp_path):
+    from jupyter_client import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path), env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        started = _run(client, "import course_lib\npool = course_lib.start_ranks(2)\nprint(pool.backend, pool.pids())")
+        assert started["error"] is None, started["stderr"]
+        assert "2 ranks in one process group" in started["display"]
+        first_pids = eval(started["stdout"].split(" ", 1)[1])
+
+        summed = _run(client, "%%px\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nprint(f'rank {rank}: {t.item()}')")
+        assert "[stdout:0] rank 0: 3.0" in summed["display"] and "[stdout:1] rank 1: 3.0" in summed["display"]
+        env = _run(client, "pool.run('import os; e = {k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", "
+                           "\"WORLD_SIZE\", \"LOCAL_WORLD_SIZE\", \"MASTER_ADDR\", \"MASTER_PORT\")}')\n"
+                           "print(pool.pull('e'))")
+        assert "'RANK': '0'" in env["stdout"] and "'RANK': '1'" in env["stdout"] and "'WORLD_SIZE': '2'" in env["stdout"]
+
+        raised = _run(client, "%%px\nif rank == 1:\n    raise ValueError('rank 1 says no')\nprint('rank', rank, 'fine')")
+        assert raised["error"] and "[1:execute]" in raised["stderr"] and "rank 1 says no" in raised["stderr"]
+        assert "[stdout:0] rank 0 fine" in raised["display"]
+
+        began = time.monotonic()
+        skipped = _run(client, "%%px\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\nprint('rank', rank, 'done')")
+        assert time.monotonic() - began < 60, "a collective one rank skipped should end with the group's timeout"
+        assert "Rank(s) 0 waited 10s" in skipped["stderr"] and "rank(s) 1 finished the cell" in skipped["stderr"]
+        assert "pool.restart()" in skipped["stderr"]
+
+        again = _run(client, "pool.restart()\nprint(pool.pids())")
+        assert again["error"] is None, again["stderr"]
+        assert _alive(first_pids) == [], "the first pool's processes outlived its restart"
+        second_pids = eval(again["stdout"])
+        fresh = _run(client, "%%px\nx = torch.tensor([float(rank)])\ndist.all_reduce(x)\nprint(x.item())")
+        assert fresh["display"].count("1.0") == 2, fresh
+
+        stopped = _run(client, "pool.stop()")
+        assert "none is left" in stopped["stdout"] and _alive(second_pids) == []
+
+        # What an out-of-memory kill does: SIGKILL to the kernel while a pool runs.
+        third = _run(client, "pool = course_lib.start_ranks(2, quiet=True)\nprint(pool.pids())")
+        third_pids = eval(third["stdout"])
+        assert len(third_pids) >= 3
+        kernel = psutil.Process(manager.provisioner.pid)
+        kernel.kill()
+        kernel.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while _alive(third_pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _alive(third_pids) == [], "processes of the pool survived the kernel"
+    finally:
+        client.stop_channels()
+        manager.cleanup_resources()
+
+
+@pytest.mark.gpu
+def test_a_pool_on_gpus_uses_nccl_with_a_gpu_per_rank():
+    import torch
+
+    import course_lib
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    with course_lib.start_ranks(2, quiet=True) as pool:
+        assert pool.backend == "nccl"
+        pool.run("t = torch.ones(1, device=device) * (rank + 1); dist.all_reduce(t); t = t.item()")
+        assert pool.pull("t") == [3.0, 3.0]
+        assert [r["device"] for r in pool.ranks] == ["cuda:0", "cuda:1"]
