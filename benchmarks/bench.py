@@ -50,6 +50,7 @@ import course_lib  # noqa: E402
 from course_lib.scripts import script_cells  # noqa: E402
 
 SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch")
+MODELS = ("mymodel", "resnet18")  # the scaling and mixed-precision sections measure each
 
 #: Where each script the benchmark launches is written: (notebook, the path its %%write_script cell gives).
 SCRIPTS = {
@@ -337,7 +338,7 @@ def scaling_configs(cfg: dict, model: str, nproc: int, hide_gpu: dict) -> tuple:
             ("train", nproc, train_args(model, "tensors", "none", cfg), hide_gpu))
 
 
-def measure_scaling(runner: Runner, cfg: dict, models=("mymodel", "resnet18")) -> dict:
+def measure_scaling(runner: Runner, cfg: dict, models=MODELS) -> dict:
     """Lesson 07's script on 1..N processes: throughput, efficiency, all-reduce share (hook and no all-reduce)."""
     # With one GPU, 1 process would use it and 2 would fall back to CPUs: compare like with like on CPUs.
     hide_gpu = {"CUDA_VISIBLE_DEVICES": ""} if course_lib.gpu_count() == 1 else {}
@@ -412,10 +413,10 @@ def measure_abstraction(runner: Runner, cfg: dict, nproc: int) -> dict:
 # --- 4. mixed precision ------------------------------------------------------------------------
 
 
-def measure_mixed_precision(runner: Runner, cfg: dict) -> dict:
-    """Lesson 07's compute-only steps (--data ahead) in fp32 and under bf16 autocast, for both models, 1 process."""
+def measure_mixed_precision(runner: Runner, cfg: dict, models=MODELS) -> dict:
+    """Lesson 07's compute-only steps (--data ahead) in fp32 and under bf16 autocast, for each model, 1 process."""
     results = {}
-    for model in ("mymodel", "resnet18"):
+    for model in models:
         knobs = {**cfg, **cfg["mixed_precision"]}
         fp32, bf16 = runner.measure([("train", 1, train_args(model, "ahead", "hook", knobs, precision), {})
                                      for precision in ("no", "bf16")])
@@ -538,7 +539,7 @@ def _write(result: dict, out: Path, plot: bool) -> None:
 
 def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS, steps: int | None = None,
         repeats: int | None = None, plot: bool = True, previous: dict | None = None,
-        models=("mymodel", "resnet18")) -> dict:
+        models=MODELS) -> dict:
     """Run the chosen sections and write ``bench.json`` (and ``bench.png``) into ``out``; return the result.
 
     ``previous``: the result of an earlier call with the same settings (a notebook runs one section per cell);
@@ -576,7 +577,7 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
             result["abstraction"] = measure_abstraction(runner, cfg, nproc)
         if "mixed_precision" in sections:
             log("[4/5] mixed precision: lesson 07's train.py --mixed-precision bf16 vs fp32, 1 process")
-            result["mixed_precision"] = measure_mixed_precision(runner, cfg)
+            result["mixed_precision"] = measure_mixed_precision(runner, cfg, models)
         if "launch" in sections:
             log("[5/5] launch overhead: lesson 01's hello.py, course_lib.torchrun vs the shell")
             result["launch"] = measure_launch(scripts, folder, cfg["launch_pairs"])
@@ -599,7 +600,7 @@ def required_figures(result: dict) -> dict:
     for name in PIPELINES:
         for key in ("samples_per_s", "epoch_s", "epoch_vs_compute_only"):
             figures[f"pipeline.{name}.{key}"] = result["pipeline"]["variants"][name][key]
-    for model in ("mymodel", "resnet18"):
+    for model in result["scaling"]:  # every model measured (MODELS unless --models chose fewer)
         scaling = result["scaling"][model]
         for n, row in scaling["per_nproc"].items():
             figures[f"scaling.{model}.{n}.samples_per_s"] = row["samples_per_s"]
@@ -610,7 +611,7 @@ def required_figures(result: dict) -> dict:
         figures[f"abstraction.{level}.epoch_s"] = result["abstraction"]["levels"][level]["epoch_s"]
         figures[f"abstraction.{level}.ratio_to_ddp"] = result["abstraction"]["ratio_to_ddp"][level]
     figures["abstraction.tensor_pipeline_vs_compute_only"] = result["abstraction"]["ddp_pipeline"]["ratio"]
-    for model in ("mymodel", "resnet18"):
+    for model in result["mixed_precision"]["models"]:
         row = result["mixed_precision"]["models"][model]
         figures[f"mixed_precision.{model}.fp32_step_ms"] = row["fp32"]["step_ms"]
         figures[f"mixed_precision.{model}.bf16_step_ms"] = row["bf16"]["step_ms"]
@@ -725,6 +726,8 @@ def main(argv=None) -> dict:
     p.add_argument("--nproc", type=int, default=None, help="processes for the abstraction levels (default: GPUs, else 2)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--steps", type=int, default=None, help="timed MyModel steps per launch in fast mode (default 30)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated subset of {','.join(MODELS)} for the scaling and mixed-precision sections")
     p.add_argument("--repeats", type=int, default=None,
                    help="rounds of every launch (default: 1 fast, 3 otherwise); also the launch-overhead pairs (default 2 fast, 5)")
     args = p.parse_args(argv)
@@ -732,8 +735,11 @@ def main(argv=None) -> dict:
     unknown = set(sections) - set(SECTIONS)
     if unknown:
         p.error(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    models = tuple(m for m in args.models.split(",") if m)
+    if set(models) - set(MODELS) or not models:
+        p.error(f"unknown model(s) in {args.models!r}; choose from {', '.join(MODELS)}")
     result = run(fast=args.fast, out=args.out, nproc=args.nproc, sections=sections, steps=args.steps,
-                 repeats=args.repeats)
+                 repeats=args.repeats, models=models)
     for name, row in result["targets"].items():
         if row["measured"] is not None:
             log(f"{name:32s} {row['measured']:.2f} (target <= {row['target']}) {'met' if row['met'] else 'NOT met'}")

@@ -16,9 +16,12 @@ import bench  # noqa: E402
 
 @pytest.fixture(scope="module")
 def fast_run(tmp_path_factory):
-    """``python benchmarks/bench.py --fast`` as a learner would type it, with few steps to keep it short."""
+    """``python benchmarks/bench.py --fast`` as a learner would type it, with few steps and MyModel only to keep it
+    short (resnet18 adds six launches of the same code path; the committed reference run has both models, and the
+    lineage tests run lesson 07's script with resnet18)."""
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, "benchmarks/bench.py", "--fast", "--steps", "10", "--repeats", "1", "--out", str(out)]
+    command = [sys.executable, "benchmarks/bench.py", "--fast", "--steps", "10", "--repeats", "1", "--models", "mymodel",
+               "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"bench.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return out, json.loads((out / "bench.json").read_text()), done.stdout
@@ -27,21 +30,31 @@ def fast_run(tmp_path_factory):
 def test_bench_writes_every_figure_as_a_positive_number(fast_run):
     _, result, _ = fast_run
     figures = bench.required_figures(result)
-    assert len(figures) >= 40
+    assert len(figures) >= 35  # 37 with MyModel alone, 47 with both models
     bad = {name: value for name, value in figures.items()
            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0}
     assert not bad, f"figures that are not finite non-negative numbers: {bad}"
 
 
-def test_bench_compares_one_and_two_processes_for_both_models(fast_run):
-    _, result, _ = fast_run
-    for model in ("mymodel", "resnet18"):
+def _compares_one_and_two_processes(result, models):
+    assert set(result["scaling"]) == set(models) == set(result["mixed_precision"]["models"])
+    for model in models:
         scaling = result["scaling"][model]
         assert set(scaling["per_nproc"]) >= {"1", "2"}
         assert scaling["efficiency"]["1"] == pytest.approx(1.0)
         assert 0 <= scaling["comm_share_no_sync"] < 1 and scaling["comm_share_hook"] >= 0
         assert scaling["per_nproc"]["2"]["backend"] == ("nccl" if len(result["machine"]["gpus"]) >= 2 else "gloo")
-    assert result["scaling"]["resnet18"]["grad_MB"] > 100 * result["scaling"]["mymodel"]["grad_MB"]
+
+
+def test_bench_compares_one_and_two_processes_for_the_models_asked(fast_run):
+    _compares_one_and_two_processes(fast_run[1], ["mymodel"])
+
+
+def test_the_reference_run_compares_both_models_and_resnet18_has_far_more_gradient():
+    reference = json.loads((ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json").read_text())
+    _compares_one_and_two_processes(reference, ["mymodel", "resnet18"])
+    assert reference["scaling"]["resnet18"]["grad_MB"] > 100 * reference["scaling"]["mymodel"]["grad_MB"]
+    assert {"scaling.resnet18.grad_MB", "mixed_precision.resnet18.bf16_speedup"} <= set(bench.required_figures(reference))
 
 
 def test_bench_marks_fast_epochs_as_extrapolated(fast_run):
@@ -90,6 +103,12 @@ def test_bench_results_name_no_path_of_the_machine_they_ran_on(fast_run):
         assert local not in text, f"bench.json holds the local path {local}"
     committed = (ROOT / "benchmarks" / "results").rglob("*.json")
     assert all(str(ROOT) not in p.read_text() and "/tmp/" not in p.read_text() for p in committed)
+
+
+def test_bench_rejects_an_unknown_model():
+    done = subprocess.run([sys.executable, "benchmarks/bench.py", "--models", "mymodel,vit"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unknown model(s)" in done.stderr
 
 
 def test_bench_rejects_an_unknown_section():
