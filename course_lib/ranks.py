@@ -183,6 +183,12 @@ class RankPool:
         view = self.view if targets is None else self.client[targets]
         return view.execute(code, block=True)
 
+    def push(self, **values) -> None:
+        """Give every rank these variables, e.g. ``pool.push(STEPS=STEPS)``: a ``%%px`` cell then reads them."""
+        if self.view is None:
+            raise LaunchError("The pool is stopped: start one with course_lib.start_ranks() or pool.restart().")
+        self.view.push(values, block=True)
+
     def pull(self, name: str) -> list:
         """The value of ``name`` on every rank, in rank order."""
         return self.view.pull(name, block=True)

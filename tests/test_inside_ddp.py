@@ -1,0 +1,84 @@
+"""Lesson 08's hand-written DDPs, checked as unit tests: the lesson's own check cells run on 2 gloo processes
+under torchrun (not the notebook's pool), with the scripts its cells write."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+
+from course_lib.scripts import script_source
+
+from notebook_runner import ROOT
+
+NOTEBOOK = ROOT / "notebooks" / "08_inside_ddp.ipynb"
+SCRIPTS = ("train_naive", "train_flat", "train_bucketed")
+CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused")  # in the notebook's order
+
+ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+ENV["OMP_NUM_THREADS"] = "1"
+# What a rank of the pool holds before the first %%px cell, then the cells, then its results as JSON.
+PROGRAM = textwrap.dedent('''
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world_size, device = dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+    CHECK_STEPS = 3
+    for cell in sys.argv[2:]:
+        exec(open(cell).read())
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"results": results, "broken_worst": broken_worst, "unused_error": unused_error,
+                   "bucket_report": bucket_report}, f)
+    dist.destroy_process_group()
+''')
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Each rank's results of the lesson's check cells on 2 processes."""
+    folder = tmp_path_factory.mktemp("inside_ddp")
+    (folder / "runs" / "08_inside_ddp").mkdir(parents=True)
+    for stem in SCRIPTS:
+        (folder / "runs" / "08_inside_ddp" / f"{stem}.py").write_text(script_source(f"runs/08_inside_ddp/{stem}.py"))
+    cells = {c.get("id"): c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells}
+    paths = []
+    for cell_id in CELLS:
+        assert cells[cell_id].startswith("%%px\n"), f"{cell_id} is no longer a %%px cell"
+        paths.append(folder / f"{cell_id}.py")
+        paths[-1].write_text(cells[cell_id][len("%%px\n"):])
+    (folder / "program.py").write_text(PROGRAM)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(folder / "program.py"), str(folder), *map(str, paths)],
+                          cwd=folder, capture_output=True, text=True, timeout=300,
+                          env=ENV)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_every_hand_written_ddp_matches_one_process_on_the_whole_batch(ranks):
+    for rank in ranks:
+        assert len(rank["results"]) == 15, rank["results"]
+        for row in rank["results"]:
+            assert row["max |ours - reference|"] < 1e-5, row
+    mlp = [row["buckets"] for row in ranks[0]["results"] if row["model"] == "mlp"]
+    assert mlp == ["-", "-", 3, 2, 1], mlp
+
+
+def test_the_check_fails_a_ddp_that_sums_instead_of_averaging(ranks):
+    assert all(rank["broken_worst"] > 1e-3 for rank in ranks), [rank["broken_worst"] for rank in ranks]
+
+
+def test_an_unused_parameter_is_refused_by_name_on_every_rank(ranks):
+    for rank in ranks:
+        assert "spare.weight" in rank["unused_error"] and "find_unused_parameters" in rank["unused_error"]
+
+
+def test_our_buckets_are_those_of_torchs_rule_and_ddp_reduces_as_many(ranks):
+    for report in ranks[0]["bucket_report"]:
+        assert report["ours"] == report["ddp_rule"], report
+        assert report["ddp_reduced"] == len(report["ours"]), report
+    assert [len(r["ours"]) for r in ranks[0]["bucket_report"]] == [3, 2, 1]
