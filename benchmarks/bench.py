@@ -16,7 +16,8 @@ lesson 07's ``runs/07_performance/train.py`` (lesson 02's train.py plus marked r
    and a timm resnet18.
 3. abstraction overhead: lesson 06's three levels (raw DDP, Accelerate, the Trainer), ratios to raw DDP.
 4. mixed precision: bf16 autocast vs fp32 on this device (lesson 07's --mixed-precision).
-5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell (lesson 01's hello.py).
+5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell (lesson 01's hello.py), and
+   a cell on lesson 01's pool of ranks (course_lib.start_ranks) vs that launch.
 
 The load is checked first (and again at the end) and reported when the machine is busy. Each ratio is
 measured side by side in one run: its launches follow each other, ``--repeats`` rounds of them in
@@ -67,6 +68,7 @@ TARGETS = {
     "accelerate_vs_ddp": (1.10, "Accelerate epoch / raw DDP epoch (lesson 06's levels), 2 processes"),
     "trainer_vs_ddp": (1.30, "Trainer epoch / raw DDP epoch (lesson 06's levels), 2 processes"),
     "course_lib_launch_vs_shell": (1.1, "course_lib.torchrun wall time / the same command from a shell"),
+    "pool_cell_vs_launch": (0.01, "a barrier cell on lesson 01's pool of ranks / the launch of hello.py, round trip"),
 }
 
 PIPELINES = ("seed_workers0", "seed_workers", "tensor_loader", "tensors_on_device", "compute_only")
@@ -467,7 +469,28 @@ def measure_launch(scripts: dict, folder: Path, pairs: int, nproc: int = 2) -> d
     log(f"  course_lib median {statistics.median(library):.2f}s vs shell {statistics.median(shell):.2f}s "
         f"({pairs} pairs): {ratio['median']:.2f}x (range {ratio['min']:.2f}-{ratio['max']:.2f})")
     return {"nproc": nproc, "repeats": pairs, "course_lib_s": library, "shell_s": shell, "command": command,
-            "shell_command": shell_command, "ratio": ratio["median"], "ratio_spread": ratio}
+            "shell_command": shell_command, "ratio": ratio["median"], "ratio_spread": ratio,
+            "pool": measure_pool(nproc, statistics.median(library))}
+
+
+def measure_pool(nproc: int, launch_s: float, cells: int = 20) -> dict:
+    """Lesson 01's pool of ranks: its start, then the round trip of a cell doing hello.py's collective (a barrier)
+    on every rank, against the launch of hello.py measured just before."""
+    pool = course_lib.start_ranks(nproc, quiet=True)
+    try:
+        trips = []
+        for _ in range(cells):
+            start = time.perf_counter()
+            pool.run("dist.barrier()")
+            trips.append(time.perf_counter() - start)
+    finally:
+        pool.stop()
+    trip = spread([statistics.median(trips)], trips)
+    log(f"  pool of {nproc} ranks: started in {pool.start_seconds:.1f}s, a barrier cell {1000 * trip['median']:.1f} ms "
+        f"(median of {cells}), {launch_s / trip['median']:.0f}x faster than the launch of hello.py ({launch_s:.2f}s)")
+    return {"nproc": nproc, "start_s": pool.start_seconds, "cells": cells, "cell_s": trips,
+            "cell_median_s": trip["median"], "cell_spread": trip, "launch_s": launch_s,
+            "ratio": trip["median"] / launch_s}
 
 
 # --- the whole run -----------------------------------------------------------------------------
@@ -479,9 +502,10 @@ def target_table(result: dict) -> dict:
         "accelerate_vs_ddp": result.get("abstraction", {}).get("ratio_to_ddp", {}).get("accelerate"),
         "trainer_vs_ddp": result.get("abstraction", {}).get("ratio_to_ddp", {}).get("trainer"),
         "course_lib_launch_vs_shell": result.get("launch", {}).get("ratio"),
+        "pool_cell_vs_launch": result.get("launch", {}).get("pool", {}).get("ratio"),
     }
     section = {"tensor_pipeline_vs_compute_only": "abstraction", "accelerate_vs_ddp": "abstraction",
-               "trainer_vs_ddp": "abstraction", "course_lib_launch_vs_shell": "launch"}
+               "trainer_vs_ddp": "abstraction", "course_lib_launch_vs_shell": "launch", "pool_cell_vs_launch": "launch"}
     adopted = result.get("adopted", {})
     return {name: {"measured": measured[name], "target": target, "what": what,
                    "met": None if measured[name] is None else measured[name] <= target,
@@ -520,7 +544,8 @@ def adopt(reference: dict, section: str, fast: bool = True, out=None, nproc: int
     result[section] = json.loads(json.dumps(reference[section]))  # a copy: the reference stays as it was
     result.setdefault("adopted", {})[section] = {
         "machine": reference["machine"], "settings": reference["settings"], "nproc": reference["nproc"],
-        "date": reference.get("date", "not recorded"), "note": reference["note"],
+        "date": reference.get("measured_at", {}).get(section, reference.get("date", "not recorded")),
+        "note": reference["note"],
         "busy": any(state["busy"] for state in reference.get("load", []))}
     result["targets"] = target_table(result)
     _write(result, Path(out or DEFAULT_OUT).resolve(), plot)
@@ -555,6 +580,7 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
     result, cfg, nproc = _result(fast, nproc, steps, repeats, previous)
     for section in sections:  # measured now, so no longer taken from a reference run
         result.get("adopted", {}).pop(section, None)
+        result.setdefault("measured_at", {})[section] = time.strftime("%Y-%m-%d %H:%M %Z")
     result["load"].append(check_load("start", ours_recently=bool(result["load"])))
     result["machine"]["busy"] = any(state["busy"] for state in result["load"])
     started = time.perf_counter()
@@ -617,6 +643,8 @@ def required_figures(result: dict) -> dict:
         figures[f"mixed_precision.{model}.bf16_step_ms"] = row["bf16"]["step_ms"]
         figures[f"mixed_precision.{model}.bf16_speedup"] = row["bf16_speedup"]
     figures["launch.ratio"] = result["launch"]["ratio"]
+    for key in ("start_s", "cell_median_s", "ratio"):
+        figures[f"launch.pool.{key}"] = result["launch"]["pool"][key]
     for name in TARGETS:
         figures[f"targets.{name}"] = result["targets"][name]["measured"]
     return figures

@@ -103,7 +103,8 @@ class RankPool:
             raise LaunchError(f"The ranks did not start ({type(exc).__name__}: {exc}). "
                               f"The pool's log said:\n{self._log_tail()}") from exc
         self.view.block = True  # a %%px cell waits for every rank, as a cell of a notebook does
-        self.view.activate()  # registers %px, %%px and %autopx in this notebook, bound to these ranks
+        if _in_ipython():
+            self.view.activate()  # registers %px, %%px and %autopx in this notebook, bound to these ranks
         _install_timeout_note(self)
         self.start_seconds = time.monotonic() - began
         if not self.quiet:
@@ -198,6 +199,12 @@ class RankPool:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _in_ipython() -> bool:
+    """Whether an IPython shell (a notebook's kernel) is running this code: the only place %%px can exist."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
 
 
 def _running(pid: int) -> bool:

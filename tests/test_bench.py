@@ -1,4 +1,5 @@
-"""The benchmark: one fast run from a shell writes a JSON with every promised figure (no timing asserted)."""
+"""The benchmark: one fast run from a shell writes a JSON with every promised figure (no timing asserted); the
+abstraction levels, which lesson 06 launches in its own test, are recomputed from the reference run's launches."""
 import json
 import math
 import subprocess
@@ -14,17 +15,61 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402
 
 
+REFERENCE = ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json"
+LIVE = ("pipeline", "scaling", "mixed_precision", "launch")  # abstraction: recomputed below, not relaunched
+
+
+def _launches(result: dict) -> int:
+    return sum(len(run["rounds"]) for run in result["runs"].values())
+
+
 @pytest.fixture(scope="module")
-def fast_run(tmp_path_factory):
+def abstraction_again(tmp_path_factory):
+    """The abstraction section recomputed by ``bench.run`` from the committed reference run's own launches.
+
+    Lesson 06's notebook test launches the same three level scripts; launching them again here would only repeat
+    those launches. What is the benchmark's own (the launch configurations, the step times, the ratios and their
+    ranges) runs for real on the recorded launches: a configuration the reference does not hold would be launched,
+    and the test says so."""
+    reference = json.loads(REFERENCE.read_text())
+    if bench.settings(True, bench.course_lib.gpu_count() > 0) != reference["settings"]:
+        pytest.skip("the reference run's settings are those of a CPU-only machine; the GPU check runs every section")
+    previous = json.loads(REFERENCE.read_text())
+    result = bench.run(fast=True, out=tmp_path_factory.mktemp("abstraction"), nproc=reference["nproc"],
+                       sections=["abstraction"], previous=previous, plot=False)
+    return reference, result
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory, abstraction_again):
     """``python benchmarks/bench.py --fast`` as a learner would type it, with few steps and MyModel only to keep it
     short (resnet18 adds six launches of the same code path; the committed reference run has both models, and the
-    lineage tests run lesson 07's script with resnet18)."""
+    lineage tests run lesson 07's script with resnet18), every section but the abstraction levels, which come from
+    ``abstraction_again`` (``bench.adopt``, as lesson 07 does)."""
     out = tmp_path_factory.mktemp("bench")
     command = [sys.executable, "benchmarks/bench.py", "--fast", "--steps", "10", "--repeats", "1", "--models", "mymodel",
-               "--out", str(out)]
+               "--sections", ",".join(LIVE), "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"bench.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return out, json.loads((out / "bench.json").read_text()), done.stdout
+    measured = json.loads((out / "bench.json").read_text())
+    result = bench.adopt(abstraction_again[1], "abstraction", fast=True, out=out, steps=10, repeats=1, plot=False,
+                         previous=measured)
+    return out, result, done.stdout
+
+
+def test_the_abstraction_section_is_recomputed_from_the_reference_launches_without_a_launch(abstraction_again):
+    reference, result = abstraction_again
+    assert _launches(result) == _launches(reference), "a level configuration is not in the reference run: rerun it"
+    runs, section = result["runs"], result["abstraction"]
+    ddp_key = section["levels"]["ddp"]["launch"]
+    for level, row in section["levels"].items():
+        ratio = runs[row["launch"]]["rounds"][0]["step_s"] / runs[ddp_key]["rounds"][0]["step_s"]
+        assert section["ratio_to_ddp"][level] == pytest.approx(ratio), level
+        assert section["ratio_spread"][level]["min"] <= section["ratio_to_ddp"][level] <= section["ratio_spread"][level]["max"]
+        assert row["backend"] == "gloo" and row["epoch_s"] > 0
+    assert section["ratio_to_ddp"]["ddp"] == pytest.approx(1.0)
+    assert {"accelerate_vs_ddp", "trainer_vs_ddp", "tensor_pipeline_vs_compute_only"} <= {
+        name for name, row in result["targets"].items() if row["measured"] is not None}
 
 
 def test_bench_writes_every_figure_as_a_positive_number(fast_run):
@@ -71,7 +116,7 @@ def test_bench_reports_each_target_with_its_measurement(fast_run):
     for name, row in result["targets"].items():
         assert row["target"] == bench.TARGETS[name][0]
         assert isinstance(row["measured"], float) and isinstance(row["met"], bool)
-        assert name in stdout
+        assert (name in stdout) == (row["source"] == "this run"), (name, row["source"])  # the CLI printed its own
 
 
 def test_bench_draws_its_plot(fast_run):
@@ -79,9 +124,9 @@ def test_bench_draws_its_plot(fast_run):
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_bench_runs_every_abstraction_level_as_one_world_of_all_its_processes(fast_run):
-    _, result, stdout = fast_run
-    assert "level_accelerate.py" in stdout and "level_trainer.py" in stdout
+def test_every_abstraction_level_ran_as_one_world_of_all_its_processes(abstraction_again):
+    """On the reference run's launches (lesson 06's notebook test asserts the same of its own launches)."""
+    _, result = abstraction_again
     nproc = result["abstraction"]["nproc"]
     for name, row in result["abstraction"]["levels"].items():
         worlds = [r["world_size"] for r in result["runs"][row["launch"]]["rounds"]]
