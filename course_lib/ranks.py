@@ -103,9 +103,7 @@ class RankPool:
             raise LaunchError(f"The ranks did not start ({type(exc).__name__}: {exc}). "
                               f"The pool's log said:\n{self._log_tail()}") from exc
         self.view.block = True  # a %%px cell waits for every rank, as a cell of a notebook does
-        if _in_ipython():
-            self.view.activate()  # registers %px, %%px and %autopx in this notebook, bound to these ranks
-        _install_timeout_note(self)
+        _attach_to_ipython(self)
         self.start_seconds = time.monotonic() - began
         if not self.quiet:
             from .display import show_table
@@ -201,12 +199,6 @@ class RankPool:
         self.stop()
 
 
-def _in_ipython() -> bool:
-    """Whether an IPython shell (a notebook's kernel) is running this code: the only place %%px can exist."""
-    ipython = sys.modules.get("IPython")
-    return ipython is not None and ipython.get_ipython() is not None
-
-
 def _running(pid: int) -> bool:
     import psutil
 
@@ -239,8 +231,9 @@ def timeout_note(error, nproc: int, pg_timeout: float) -> str | None:
             "process group cannot be trusted: run pool.restart() for a fresh one.")
 
 
-def _install_timeout_note(pool: RankPool) -> None:
-    """In IPython, add ``timeout_note`` under a ``%%px`` cell's usual per-rank tracebacks."""
+def _attach_to_ipython(pool: RankPool) -> None:
+    """In IPython (a notebook's kernel), register %px, %%px and %autopx bound to these ranks, and add
+    ``timeout_note`` under a ``%%px`` cell's usual per-rank tracebacks. Elsewhere, nothing: there is no %px."""
     try:
         from IPython import get_ipython
         from ipyparallel.error import AlreadyDisplayedError, CompositeError
@@ -249,6 +242,7 @@ def _install_timeout_note(pool: RankPool) -> None:
     shell = get_ipython()
     if shell is None:
         return
+    pool.view.activate()
 
     def handler(self, etype, value, tb, tb_offset=None):
         self.showtraceback((etype, value, tb), tb_offset=tb_offset)
