@@ -45,7 +45,10 @@ def ensure_venv() -> Path:
     if not STAMP.exists() or STAMP.read_text() != _wanted():
         print("Installing the workbook's packages into .venv (first time: a few minutes) ...", flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", f"{ROOT}[test]"], check=True)
+        # --no-compile: no bytecode for the many modules never imported (torch, transformers); Python writes it for
+        # the ones that are, on their first import. Measured on a 2-core machine: 90 s instead of 182 s.
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", "-e", f"{ROOT}[test]"],
+                       check=True)
         STAMP.write_text(_wanted())
     return python
 
