@@ -15,7 +15,7 @@ from notebook_runner import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "08_inside_ddp.ipynb"
 SCRIPTS = ("train_naive", "train_flat", "train_bucketed")
-CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused")  # in the notebook's order
+CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused")  # in the notebook's order
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
@@ -32,7 +32,7 @@ PROGRAM = textwrap.dedent('''
         exec(open(cell).read())
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"results": results, "broken_worst": broken_worst, "unused_error": unused_error,
-                   "bucket_report": bucket_report}, f)
+                   "bucket_report": bucket_report, "unused_report": unused_report}, f)
     dist.destroy_process_group()
 ''')
 
@@ -82,3 +82,11 @@ def test_our_buckets_are_those_of_torchs_rule_and_ddp_reduces_as_many(ranks):
         assert report["ours"] == report["ddp_rule"], report
         assert report["ddp_reduced"] == len(report["ours"]), report
     assert [len(r["ours"]) for r in ranks[0]["bucket_report"]] == [3, 2, 1]
+
+
+def test_torchs_ddp_raises_at_the_second_step_on_an_unused_parameter_and_trains_with_either_flag(ranks):
+    for rank in ranks:
+        default, found, static = rank["unused_report"]
+        assert default["step"] == 1 and default["asks for the flag"], default
+        assert found["error"] is None and found["spare unchanged"], found
+        assert static["error"] is None and static["spare unchanged"], static
