@@ -1,5 +1,7 @@
-"""The benchmark: one fast run from a shell writes a JSON with every promised figure (no timing asserted); the
-abstraction levels, which lesson 06 launches in its own test, are recomputed from the reference run's launches."""
+"""The benchmark: one fast run from a shell writes a JSON with every promised figure (no timing asserted). The
+sections made of training launches (scaling, abstraction levels, mixed precision) are recomputed from the reference
+run's recorded launches: the launches themselves are the lessons' scripts, which their notebook tests and the
+lineage tests run, and the shell run's pipeline section launches through the same runner."""
 import json
 import math
 import subprocess
@@ -16,7 +18,8 @@ import bench  # noqa: E402
 
 
 REFERENCE = ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json"
-LIVE = ("pipeline", "scaling", "mixed_precision", "launch")  # abstraction: recomputed below, not relaunched
+LIVE = ("pipeline", "launch")
+RECOMPUTED = ("scaling", "abstraction", "mixed_precision")  # from the reference run's launches, below
 
 
 def _launches(result: dict) -> int:
@@ -25,9 +28,10 @@ def _launches(result: dict) -> int:
 
 @pytest.fixture(scope="module")
 def abstraction_again(tmp_path_factory):
-    """The abstraction section recomputed by ``bench.run`` from the committed reference run's own launches.
+    """The scaling, abstraction and mixed-precision sections recomputed by ``bench.run`` from the committed reference
+    run's own launches.
 
-    Lesson 06's notebook test launches the same three level scripts; launching them again here would only repeat
+    Lessons 06 and 07 and the lineage tests launch the same scripts; launching them again here would only repeat
     those launches. What is the benchmark's own (the launch configurations, the step times, the ratios and their
     ranges) runs for real on the recorded launches: a configuration the reference does not hold would be launched,
     and the test says so."""
@@ -36,24 +40,24 @@ def abstraction_again(tmp_path_factory):
         pytest.skip("the reference run's settings are those of a CPU-only machine; the GPU check runs every section")
     previous = json.loads(REFERENCE.read_text())
     result = bench.run(fast=True, out=tmp_path_factory.mktemp("abstraction"), nproc=reference["nproc"],
-                       sections=["abstraction"], previous=previous, plot=False)
+                       sections=list(RECOMPUTED), previous=previous, plot=False)
     return reference, result
 
 
 @pytest.fixture(scope="module")
 def fast_run(tmp_path_factory, abstraction_again):
-    """``python benchmarks/bench.py --fast`` as a learner would type it, with few steps and MyModel only to keep it
-    short (resnet18 adds six launches of the same code path; the committed reference run has both models, and the
-    lineage tests run lesson 07's script with resnet18), every section but the abstraction levels, which come from
-    ``abstraction_again`` (``bench.adopt``, as lesson 07 does)."""
+    """``python benchmarks/bench.py --fast`` as a learner would type it, with few steps, the sections that are not
+    made of training launches; the others come from ``abstraction_again`` (``bench.adopt``, as lesson 07 does)."""
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, "benchmarks/bench.py", "--fast", "--steps", "10", "--repeats", "1", "--models", "mymodel",
+    command = [sys.executable, "benchmarks/bench.py", "--fast", "--steps", "10", "--repeats", "1",
                "--sections", ",".join(LIVE), "--out", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"bench.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     measured = json.loads((out / "bench.json").read_text())
-    result = bench.adopt(abstraction_again[1], "abstraction", fast=True, out=out, steps=10, repeats=1, plot=False,
-                         previous=measured)
+    result = measured
+    for section in RECOMPUTED:
+        result = bench.adopt(abstraction_again[1], section, fast=True, out=out, steps=10, repeats=1, plot=False,
+                             previous=result)
     return out, result, done.stdout
 
 
@@ -91,8 +95,8 @@ def _compares_one_and_two_processes(result, models):
         assert scaling["per_nproc"]["2"]["backend"] == ("nccl" if len(result["machine"]["gpus"]) >= 2 else "gloo")
 
 
-def test_bench_compares_one_and_two_processes_for_the_models_asked(fast_run):
-    _compares_one_and_two_processes(fast_run[1], ["mymodel"])
+def test_bench_compares_one_and_two_processes_for_every_model(fast_run):
+    _compares_one_and_two_processes(fast_run[1], list(bench.MODELS))
 
 
 def test_the_reference_run_compares_both_models_and_resnet18_has_far_more_gradient():
