@@ -1,4 +1,4 @@
-"""Where does the time of distributed MNIST training go? Five measurements of the lessons' own scripts, in one run.
+"""Where does the time of distributed MNIST training go? Six measurements of the lessons' own scripts, in one run.
 
     python benchmarks/bench.py --fast --out benchmarks/results/<machine>   # from the repository root
     python ../benchmarks/bench.py --fast                                   # from notebooks/ (lesson 07)
@@ -18,6 +18,9 @@ lesson 07's ``runs/07_performance/train.py`` (lesson 02's train.py plus marked r
 4. mixed precision: bf16 autocast vs fp32 on this device (lesson 07's --mixed-precision).
 5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell (lesson 01's hello.py), and
    a cell on lesson 01's pool of ranks (course_lib.start_ranks) vs that launch.
+6. inside DDP: lesson 08's step-time comparison on a pool of ranks, with the lesson's own cells (no communication,
+   naive, flat, bucketed and PyTorch's DDP on its MLP, in rounds), then a bucket-size sweep of its BucketedDDP and
+   PyTorch's DDP at 3, 2 and 1 buckets.
 
 The load is checked first (and again at the end) and reported when the machine is busy. Each ratio is
 measured side by side in one run: its launches follow each other, ``--repeats`` rounds of them in
@@ -50,7 +53,7 @@ sys.path.insert(0, str(ROOT))  # course_lib from this checkout when run from a s
 import course_lib  # noqa: E402
 from course_lib.scripts import script_cells  # noqa: E402
 
-SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch")
+SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch", "inside_ddp")
 MODELS = ("mymodel", "resnet18")  # the scaling and mixed-precision sections measure each
 
 #: Where each script the benchmark launches is written: (notebook, the path its %%write_script cell gives).
@@ -60,7 +63,14 @@ SCRIPTS = {
     "level_accelerate": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_accelerate.py"),
     "level_trainer": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_trainer.py"),
     "hello": ("notebooks/01_collectives.ipynb", "runs/01_collectives/hello.py"),
+    "train_naive": ("notebooks/08_inside_ddp.ipynb", "runs/08_inside_ddp/train_naive.py"),
+    "train_flat": ("notebooks/08_inside_ddp.ipynb", "runs/08_inside_ddp/train_flat.py"),
+    "train_bucketed": ("notebooks/08_inside_ddp.ipynb", "runs/08_inside_ddp/train_bucketed.py"),
 }
+#: Lesson 08's %%px cells the inside-DDP section runs on the pool: its models and wrappers, then its timing helpers.
+INSIDE_DDP_CELLS = ("l08-defs", "l08-timing-defs")
+#: Bucket caps of the sweep, in MB: lesson 08's 7.5 MB MLP in 3, 2 and 1 buckets.
+SWEEP_CAPS = (0.01, 1.0, 25.0)
 
 #: The targets on the 2-process CPU run: (figure, at most, what it compares).
 TARGETS = {
@@ -69,6 +79,7 @@ TARGETS = {
     "trainer_vs_ddp": (1.30, "Trainer epoch / raw DDP epoch (lesson 06's levels), 2 processes"),
     "course_lib_launch_vs_shell": (1.1, "course_lib.torchrun wall time / the same command from a shell"),
     "pool_cell_vs_launch": (0.01, "a barrier cell on lesson 01's pool of ranks / the launch of hello.py, round trip"),
+    "bucketed_vs_torch_ddp": (1.15, "step of lesson 08's BucketedDDP / step of PyTorch's DDP, same buckets, 2 processes"),
 }
 
 PIPELINES = ("seed_workers0", "seed_workers", "tensor_loader", "tensors_on_device", "compute_only")
@@ -493,6 +504,70 @@ def measure_pool(nproc: int, launch_s: float, cells: int = 20) -> dict:
             "ratio": trip["median"] / launch_s}
 
 
+# --- 6. inside DDP -----------------------------------------------------------------------------
+
+
+def measure_inside_ddp(folder: Path, fast: bool, repeats: int | None = None, nproc: int = 2) -> dict:
+    """Lesson 08's versions side by side on a pool of ranks, with the lesson's own cells, then a bucket-size sweep.
+
+    Each round times every version (then every cap) in turn, so a change in the machine's load hits them all; a
+    step lasts as long as its slower rank. Figures are medians over all timed steps, with the range of the rounds'
+    medians. ``repeats``: the rounds (default 3 fast, 5 otherwise).
+    """
+    import nbformat
+
+    steps, rounds = 10 if fast else 30, repeats or (3 if fast else 5)
+    cells = {c.get("id"): c.source for c in nbformat.read(ROOT / SCRIPTS["train_naive"][0], as_version=4).cells}
+    pool = course_lib.start_ranks(nproc, quiet=True)
+    try:
+        pool.run(f"import os; os.chdir({str(folder / 'notebooks')!r})")  # where the lesson's scripts were written
+        for cell in INSIDE_DDP_CELLS:
+            if not cells.get(cell, "").startswith("%%px\n"):
+                raise SystemExit(f"08_inside_ddp.ipynb has no %%px cell with id {cell}; bench.py runs it. Restore the "
+                                 "cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.")
+            pool.run(cells[cell][len("%%px\n"):])
+        pool.push(STEPS=steps, ROUNDS=rounds, CAPS=list(SWEEP_CAPS))
+        pool.run("""
+bench_versions = {name: [] for name in VARIANTS}  # one list of step times per round
+bench_sweep = {impl: {str(cap): [] for cap in CAPS} for impl in ("bucketed", "torch DDP")}
+for round_ in range(ROUNDS):
+    for name in VARIANTS:
+        bench_versions[name].append(step_seconds(name, 1.0, STEPS))
+    for cap in CAPS:
+        for impl in bench_sweep:
+            bench_sweep[impl][str(cap)].append(step_seconds(impl, cap, STEPS))
+bench_buckets = [len(BucketedDDP(big_mlp(), bucket_cap_mb=cap).buckets) for cap in CAPS]
+bench_order = list(VARIANTS)
+""")
+        per_rank_versions, per_rank_sweep = pool.pull("bench_versions"), pool.pull("bench_sweep")
+        buckets, order, backend = pool.pull("bench_buckets")[0], pool.pull("bench_order")[0], pool.backend
+    finally:
+        pool.stop()
+
+    def figure(per_rank: list[list[list[float]]]) -> dict:
+        """Per rank, per round, step times -> ms per step (slower rank), median over all and range of round medians."""
+        by_round = [[1000 * max(t) for t in zip(*(rank[i] for rank in per_rank))] for i in range(rounds)]
+        medians = [statistics.median(r) for r in by_round]
+        return {"step_ms": statistics.median([t for r in by_round for t in r]),
+                "spread": {"median": statistics.median(medians), "min": min(medians), "max": max(medians),
+                           "over": f"{rounds} rounds of {steps} steps"}}
+
+    versions = {name: figure([rank[name] for rank in per_rank_versions]) for name in order}
+    torch_ms = versions["torch DDP"]["step_ms"]
+    for row in versions.values():
+        row["vs_torch_ddp"] = row["step_ms"] / torch_ms
+    sweep = {impl: {str(cap): {**figure([rank[impl][str(cap)] for rank in per_rank_sweep]), "buckets": n}
+                    for cap, n in zip(SWEEP_CAPS, buckets)} for impl in ("bucketed", "torch DDP")}
+    for name, row in versions.items():
+        log(f"  {name}: {row['step_ms']:.1f} ms/step ({row['vs_torch_ddp']:.2f}x PyTorch's DDP)")
+    for cap, n in zip(SWEEP_CAPS, buckets):
+        log(f"  bucket_cap_mb {cap}: {n} bucket(s); ours {sweep['bucketed'][str(cap)]['step_ms']:.1f} ms, "
+            f"PyTorch's {sweep['torch DDP'][str(cap)]['step_ms']:.1f} ms")
+    return {"nproc": nproc, "backend": backend, "steps": steps, "rounds": rounds, "bucket_cap_mb": 1.0,
+            "cells": list(INSIDE_DDP_CELLS), "versions": versions, "sweep": sweep,
+            "ratio": versions["bucketed"]["vs_torch_ddp"]}
+
+
 # --- the whole run -----------------------------------------------------------------------------
 
 
@@ -503,9 +578,11 @@ def target_table(result: dict) -> dict:
         "trainer_vs_ddp": result.get("abstraction", {}).get("ratio_to_ddp", {}).get("trainer"),
         "course_lib_launch_vs_shell": result.get("launch", {}).get("ratio"),
         "pool_cell_vs_launch": result.get("launch", {}).get("pool", {}).get("ratio"),
+        "bucketed_vs_torch_ddp": result.get("inside_ddp", {}).get("ratio"),
     }
     section = {"tensor_pipeline_vs_compute_only": "abstraction", "accelerate_vs_ddp": "abstraction",
-               "trainer_vs_ddp": "abstraction", "course_lib_launch_vs_shell": "launch", "pool_cell_vs_launch": "launch"}
+               "trainer_vs_ddp": "abstraction", "course_lib_launch_vs_shell": "launch", "pool_cell_vs_launch": "launch",
+               "bucketed_vs_torch_ddp": "inside_ddp"}
     adopted = result.get("adopted", {})
     return {name: {"measured": measured[name], "target": target, "what": what,
                    "met": None if measured[name] is None else measured[name] <= target,
@@ -592,21 +669,24 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
         steps_note = (f"{cfg['mymodel']['warmup']} warm-up + {cfg['mymodel']['steps']} timed steps"
                       if cfg["mymodel"]["steps"] else "whole epochs")
         if "pipeline" in sections:
-            log(f"[1/5] data pipeline: lesson 07's train.py, 1 process, {steps_note}")
+            log(f"[1/6] data pipeline: lesson 07's train.py, 1 process, {steps_note}")
             result["pipeline"] = measure_pipeline(runner, cfg)
         if "scaling" in sections:
-            log(f"[2/5] scaling: lesson 07's train.py ({', '.join(models)}) on {', '.join(map(str, scaling_nprocs()))} "
+            log(f"[2/6] scaling: lesson 07's train.py ({', '.join(models)}) on {', '.join(map(str, scaling_nprocs()))} "
                 "processes")
             result["scaling"] = {**result.get("scaling", {}), **measure_scaling(runner, cfg, models)}
         if "abstraction" in sections:
-            log(f"[3/5] abstraction levels: lesson 06's level scripts on {nproc} processes")
+            log(f"[3/6] abstraction levels: lesson 06's level scripts on {nproc} processes")
             result["abstraction"] = measure_abstraction(runner, cfg, nproc)
         if "mixed_precision" in sections:
-            log("[4/5] mixed precision: lesson 07's train.py --mixed-precision bf16 vs fp32, 1 process")
+            log("[4/6] mixed precision: lesson 07's train.py --mixed-precision bf16 vs fp32, 1 process")
             result["mixed_precision"] = measure_mixed_precision(runner, cfg, models)
         if "launch" in sections:
-            log("[5/5] launch overhead: lesson 01's hello.py, course_lib.torchrun vs the shell")
+            log("[5/6] launch overhead: lesson 01's hello.py, course_lib.torchrun vs the shell")
             result["launch"] = measure_launch(scripts, folder, cfg["launch_pairs"])
+        if "inside_ddp" in sections:
+            log("[6/6] inside DDP: lesson 08's versions and a bucket-size sweep, on a pool of 2 ranks")
+            result["inside_ddp"] = measure_inside_ddp(folder, fast, repeats)
     result["load"].append(check_load("end", ours_recently=True))
     result["machine"]["busy"] = any(state["busy"] for state in result["load"])
     result["targets"] = target_table(result)
@@ -645,6 +725,12 @@ def required_figures(result: dict) -> dict:
     figures["launch.ratio"] = result["launch"]["ratio"]
     for key in ("start_s", "cell_median_s", "ratio"):
         figures[f"launch.pool.{key}"] = result["launch"]["pool"][key]
+    for name, row in result["inside_ddp"]["versions"].items():
+        figures[f"inside_ddp.{name}.step_ms"] = row["step_ms"]
+        figures[f"inside_ddp.{name}.vs_torch_ddp"] = row["vs_torch_ddp"]
+    for impl, caps in result["inside_ddp"]["sweep"].items():
+        for cap, row in caps.items():
+            figures[f"inside_ddp.sweep.{impl}.{cap}.step_ms"] = row["step_ms"]
     for name in TARGETS:
         figures[f"targets.{name}"] = result["targets"][name]["measured"]
     return figures
@@ -670,8 +756,8 @@ def plot_result(result: dict, path=None, targets: bool = True):
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-    (pipe_ax, scale_ax, comm_ax), (level_ax, mp_ax, target_ax) = axes
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8))
+    (pipe_ax, scale_ax, comm_ax, inside_ax), (level_ax, mp_ax, target_ax, sweep_ax) = axes
     if "pipeline" in result:
         variants = result["pipeline"]["variants"]
         names = list(variants)
@@ -721,6 +807,27 @@ def plot_result(result: dict, path=None, targets: bool = True):
         mp_ax.axhline(1.0, color="k", alpha=0.4)
         mp_ax.set_ylabel("fp32 step time / bf16 step time")
         mp_ax.set_title(f"4. bf16 autocast on {result['mixed_precision']['device']}")
+    if "inside_ddp" in result:
+        section = result["inside_ddp"]
+        versions = section["versions"]
+        names = list(versions)
+        inside_ax.barh(names, [versions[n]["step_ms"] for n in names], capsize=3,
+                       xerr=list(zip(*[_error(versions[n]["spread"], versions[n]["step_ms"]) for n in names])),
+                       color=["tab:gray", "tab:red", "tab:orange", "tab:green", "tab:blue"][:len(names)])
+        inside_ax.invert_yaxis()
+        inside_ax.set_xlabel(f"ms per step, {section['nproc']} ranks ({section['backend']})")
+        inside_ax.set_title("6. lesson 08's versions of DDP")
+        caps = list(next(iter(section["sweep"].values())))
+        width = 0.38
+        for offset, (impl, rows) in zip((-width / 2, width / 2), section["sweep"].items()):
+            sweep_ax.bar([x + offset for x in range(len(caps))], [rows[c]["step_ms"] for c in caps], width, capsize=3,
+                         yerr=list(zip(*[_error(rows[c]["spread"], rows[c]["step_ms"]) for c in caps])),
+                         label="ours (BucketedDDP)" if impl == "bucketed" else "PyTorch's DDP")
+        buckets = section["sweep"]["bucketed"]
+        sweep_ax.set_xticks(range(len(caps)), [f"{c} MB\n{buckets[c]['buckets']} bucket(s)" for c in caps])
+        sweep_ax.set_ylabel("ms per step")
+        sweep_ax.set_title("6. bucket_cap_mb")
+        sweep_ax.legend(fontsize=8)
     table = result.get("targets", {})
     names = [n for n in table if table[n]["measured"] is not None]
     if targets:
@@ -757,7 +864,8 @@ def main(argv=None) -> dict:
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"comma-separated subset of {','.join(MODELS)} for the scaling and mixed-precision sections")
     p.add_argument("--repeats", type=int, default=None,
-                   help="rounds of every launch (default: 1 fast, 3 otherwise); also the launch-overhead pairs (default 2 fast, 5)")
+                   help="rounds of every launch (default: 1 fast, 3 otherwise); also the launch-overhead pairs (default 2 fast, 5) "
+                        "and the inside-DDP rounds (default 3 fast, 5)")
     args = p.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     unknown = set(sections) - set(SECTIONS)

@@ -18,7 +18,7 @@ import bench  # noqa: E402
 
 
 REFERENCE = ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json"
-LIVE = ("pipeline", "launch")
+LIVE = ("pipeline", "launch", "inside_ddp")
 RECOMPUTED = ("scaling", "abstraction", "mixed_precision")  # from the reference run's launches, below
 
 
@@ -195,3 +195,14 @@ def test_a_section_measured_after_being_adopted_is_no_longer_marked_adopted(monk
     result = bench.run(fast=True, out=tmp_path, nproc=2, sections=["launch"], plot=False, previous=result)
     assert "launch" not in result["adopted"] and result["launch"]["ratio"] == 0.5
     assert result["targets"]["course_lib_launch_vs_shell"]["source"] == "this run"
+
+
+def test_the_inside_ddp_section_times_lesson_08s_versions_and_sweeps_3_2_and_1_buckets(fast_run):
+    section = fast_run[1]["inside_ddp"]
+    assert section["cells"] == list(bench.INSIDE_DDP_CELLS) and section["backend"] == "gloo"
+    assert list(section["versions"]) == ["no communication", "naive", "flat", "bucketed", "torch DDP"]
+    assert section["versions"]["torch DDP"]["vs_torch_ddp"] == pytest.approx(1.0)
+    assert section["ratio"] == section["versions"]["bucketed"]["vs_torch_ddp"] > 0
+    assert [row["buckets"] for row in section["sweep"]["bucketed"].values()] == [3, 2, 1]
+    for row in [*section["versions"].values(), *section["sweep"]["torch DDP"].values()]:
+        assert row["spread"]["min"] <= row["spread"]["median"] <= row["spread"]["max"] and row["step_ms"] > 0
