@@ -51,7 +51,7 @@ DEFAULT_OUT = ROOT / "notebooks" / "runs" / "07_performance"
 sys.path.insert(0, str(ROOT))  # course_lib from this checkout when run from a shell
 
 import course_lib  # noqa: E402
-from course_lib.scripts import script_cells  # noqa: E402
+from course_lib.scripts import px_cells, script_cells  # noqa: E402
 
 SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch", "inside_ddp")
 MODELS = ("mymodel", "resnet18")  # the scaling and mixed-precision sections measure each
@@ -514,18 +514,16 @@ def measure_inside_ddp(folder: Path, fast: bool, repeats: int | None = None, npr
     step lasts as long as its slower rank. Figures are medians over all timed steps, with the range of the rounds'
     medians. ``repeats``: the rounds (default 3 fast, 5 otherwise).
     """
-    import nbformat
-
     steps, rounds = 10 if fast else 30, repeats or (3 if fast else 5)
-    cells = {c.get("id"): c.source for c in nbformat.read(ROOT / SCRIPTS["train_naive"][0], as_version=4).cells}
+    try:
+        cells = px_cells(ROOT / SCRIPTS["train_naive"][0], INSIDE_DDP_CELLS)
+    except ValueError as err:
+        raise SystemExit(f"{err}; bench.py runs it. Restore the cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.")
     pool = course_lib.start_ranks(nproc, quiet=True)
     try:
         pool.run(f"import os; os.chdir({str(folder / 'notebooks')!r})")  # where the lesson's scripts were written
-        for cell in INSIDE_DDP_CELLS:
-            if not cells.get(cell, "").startswith("%%px\n"):
-                raise SystemExit(f"08_inside_ddp.ipynb has no %%px cell with id {cell}; bench.py runs it. Restore the "
-                                 "cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.")
-            pool.run(cells[cell][len("%%px\n"):])
+        for code in cells.values():
+            pool.run(code)
         pool.push(STEPS=steps, ROUNDS=rounds, CAPS=list(SWEEP_CAPS))
         pool.run("""
 bench_versions = {name: [] for name in VARIANTS}  # one list of step times per round

@@ -6,10 +6,9 @@ import subprocess
 import sys
 import textwrap
 
-import nbformat
 import pytest
 
-from course_lib.scripts import script_source
+from course_lib.scripts import px_cells, script_source
 
 from notebook_runner import ROOT
 
@@ -44,12 +43,10 @@ def ranks(tmp_path_factory):
     (folder / "runs" / "08_inside_ddp").mkdir(parents=True)
     for stem in SCRIPTS:
         (folder / "runs" / "08_inside_ddp" / f"{stem}.py").write_text(script_source(f"runs/08_inside_ddp/{stem}.py"))
-    cells = {c.get("id"): c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells}
     paths = []
-    for cell_id in CELLS:
-        assert cells[cell_id].startswith("%%px\n"), f"{cell_id} is no longer a %%px cell"
+    for cell_id, code in px_cells(NOTEBOOK, CELLS).items():  # raises when a cell is no longer %%px
         paths.append(folder / f"{cell_id}.py")
-        paths[-1].write_text(cells[cell_id][len("%%px\n"):])
+        paths[-1].write_text(code)
     (folder / "program.py").write_text(PROGRAM)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(folder / "program.py"), str(folder), *map(str, paths)],
