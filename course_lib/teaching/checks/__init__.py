@@ -18,3 +18,4 @@ from .lesson04 import check_checkpoints, check_elastic_resume
 from .lesson05 import check_accelerate_training, check_gather_for_metrics
 from .lesson06 import check_compute_loss, check_trainer_run
 from .lesson08 import check_counting_hook, check_overlapped_ddp
+from .lesson09 import check_bytes_per_rank, check_sharded_resume

@@ -1,0 +1,199 @@
+"""Lesson 09's sharding, checked as unit tests under torchrun (not the notebook's pool).
+
+* The lesson's own %%px cells (ZeRO-1 by hand and PyTorch's, FSDP2 against one process on the whole batch) on 2
+  gloo processes: a regression such as gradients summed instead of averaged by FSDP on gloo fails here.
+* The lesson script's ``save_checkpoint`` / ``load_checkpoint``: saved by 2 processes, loaded by 3, the parameters
+  and the momentum come back exactly, the plain checkpoint loads into a plain model with ``weights_only=True``.
+GPU variants run the same with NCCL where there are enough GPUs.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from course_lib.scripts import px_cells, script_source
+
+from notebook_runner import ROOT
+
+NOTEBOOK = ROOT / "notebooks" / "09_sharding.ipynb"
+SCRIPT = "runs/09_sharding/train_fsdp.py"
+CELLS = ("l09-memory-defs", "l09-zero", "l09-fsdp")  # in the notebook's order
+
+ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+ENV["OMP_NUM_THREADS"] = "1"
+BACKENDS = [pytest.param("gloo", id="gloo"),
+            pytest.param("nccl", id="nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(
+                torch.cuda.device_count() < 3, reason="needs 3 CUDA GPUs")])]
+
+# What a rank of the pool holds before the first %%px cell, then the cells, then its results as JSON.
+PROGRAM = textwrap.dedent('''
+    import json, os, sys
+    import torch
+    import torch.distributed as dist
+
+    backend = sys.argv[2]
+    rank = int(os.environ["RANK"])
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    world_size = dist.get_world_size()
+    CHECK_STEPS = 3
+    for cell in sys.argv[3:]:
+        exec(open(cell).read())
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"zero_rows": zero_rows, "fsdp_rows": fsdp_rows}, f)
+    dist.destroy_process_group()
+''')
+
+# The script's own checkpoint functions: 2 processes train and save, 3 load and take one more step.
+ROUND_TRIP = textwrap.dedent('''
+    import importlib.util, json, os, sys
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    folder, phase, backend = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    spec = importlib.util.spec_from_file_location("train_fsdp", folder / "train_fsdp.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # main() does not run
+    rank = int(os.environ["RANK"])
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    world = dist.get_world_size()
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 30), nn.ReLU(), nn.Linear(30, 10)).to(device)
+
+    def batch(step):
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(12, 20, generator=g).to(device), torch.randint(0, 10, (12,), generator=g).to(device)
+
+    model = mlp()
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if phase == "save":
+        steps = range(2)
+    else:
+        epoch = script.load_checkpoint(folder / "checkpoints" / "dcp-1", model, optimizer)
+        loaded = {n: p.full_tensor().cpu().tolist() for n, p in model.named_parameters()}
+        steps = range(2, 3)
+    for step in steps:
+        x, y = batch(step)
+        rows = slice(rank * 12 // world, (rank + 1) * 12 // world)  # 12 rows: 6 each on 2, 4 each on 3
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[rows]), y[rows]).backward()
+        optimizer.step()
+    full = {n: p.full_tensor().cpu().tolist() for n, p in model.named_parameters()}
+    if phase == "save":
+        script.save_checkpoint(folder / "checkpoints" / "checkpoint-1.pt", model, optimizer, 1, rank)
+        result = {"params": full}
+    else:
+        result = {"epoch": epoch, "loaded": loaded, "params": full}
+    if rank == 0:
+        (folder / f"{phase}.json").write_text(json.dumps(result))
+    dist.barrier()  # no rank tears its group down while another still works (under load gloo can abort then)
+    dist.destroy_process_group()
+''')
+
+
+def _torchrun(folder, nproc, *args):
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           str(nproc), *map(str, args)], cwd=folder, capture_output=True, text=True, timeout=300,
+                          env=ENV)
+    assert done.returncode == 0, f"{' '.join(map(str, args[1:]))} on {nproc} processes failed:\n{done.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def ranks(request, tmp_path_factory):
+    """Each rank's results of the lesson's ZeRO and FSDP cells on 2 processes (groups of 1 and 2 ranks)."""
+    folder = tmp_path_factory.mktemp(f"sharding-{request.param}")
+    paths = []
+    for cell_id, code in px_cells(NOTEBOOK, CELLS).items():  # raises when a cell is no longer %%px
+        paths.append(folder / f"{cell_id}.py")
+        paths[-1].write_text(code)
+    (folder / "program.py").write_text(PROGRAM)
+    _torchrun(folder, 2, folder / "program.py", folder, request.param, *paths)
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_fsdp2_gradients_and_parameters_equal_one_process_on_the_whole_batch_at_2_processes(ranks):
+    rows = [row for rank in ranks for row in rank["fsdp_rows"]]
+    assert {(r["world size"], r["rank"]) for r in rows} == {(1, 0), (2, 0), (2, 1)}
+    for r in rows:
+        assert r["max |grad - reference|"] < 1e-5, r  # a sum instead of an average would be off by the gradient
+        assert r["max |param - reference|"] < 1e-5, r
+    one = next(r for r in rows if r["world size"] == 1)
+    for r in (r for r in rows if r["world size"] == 2):  # each rank holds half of every tensor (even sizes here)
+        assert r["parameter bytes"] * 2 == one["parameter bytes"], (r, one)
+        assert r["optimizer bytes"] * 2 == one["optimizer bytes"], (r, one)
+
+
+def test_zero1_by_hand_and_pytorchs_equal_ddp_adam_and_halve_its_state(ranks):
+    rows = [row for rank in ranks for row in rank["zero_rows"]]
+    for r in rows:
+        assert r["max |p - DDP+Adam|"] <= 1e-6, r
+    full = {r["optimizer bytes"] for r in rows if r["optimizer"] == "DDP + Adam"}
+    assert len(full) == 1, full  # every rank, every world size: the whole state
+    for kind in ("ZeroOneAdam (by hand)", "ZeroRedundancyOptimizer"):
+        two = [r["optimizer bytes"] for r in rows if r["optimizer"] == kind and r["world size"] == 2]
+        assert len(two) == 2 and sum(two) == next(iter(full)) and max(two) < 0.6 * next(iter(full)), (kind, two)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sharded_checkpoint_saved_by_2_processes_resumes_exactly_on_3(backend, tmp_path):
+    (tmp_path / "train_fsdp.py").write_text(script_source(SCRIPT))
+    (tmp_path / "program.py").write_text(ROUND_TRIP)
+    _torchrun(tmp_path, 2, tmp_path / "program.py", tmp_path, "save", backend)
+    files = sorted(p.name for p in (tmp_path / "checkpoints" / "dcp-1").iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"], files
+    assert not list((tmp_path / "checkpoints").glob("*.tmp")), "a temporary folder or file was left behind"
+    _torchrun(tmp_path, 3, tmp_path / "program.py", tmp_path, "load", backend)
+    saved, loaded = (json.loads((tmp_path / f"{p}.json").read_text()) for p in ("save", "load"))
+    assert loaded["epoch"] == 1
+    assert loaded["loaded"] == saved["params"]  # exactly: the same rows, now cut into 3 shards
+
+    # One process on the whole batches for 3 steps: the resumed third step matches only if the momentum came back.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 30), torch.nn.ReLU(),
+                                torch.nn.Linear(30, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(12, 20, generator=g), torch.randint(0, 10, (12,), generator=g)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    worst = max((torch.tensor(loaded["params"][n]) - p).abs().max().item() for n, p in model.named_parameters())
+    assert worst < 1e-5, worst
+
+    plain = torch.load(tmp_path / "checkpoints" / "checkpoint-1.pt", map_location="cpu", weights_only=True)
+    assert plain["epoch"] == 1
+    assert {n: t.tolist() for n, t in plain["model"].items()} == saved["params"]
+
+
+def test_loading_a_folder_without_metadata_names_the_fix_before_reading(tmp_path):
+    (tmp_path / "train_fsdp.py").write_text(script_source(SCRIPT))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(f'''
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("train_fsdp", {str(tmp_path / "train_fsdp.py")!r})
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        script.load_checkpoint({str(tmp_path)!r}, None, None)
+    ''')], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.returncode != 0
+    assert "FileNotFoundError" in done.stderr and "not a complete sharded checkpoint" in done.stderr, done.stderr[-2000:]
