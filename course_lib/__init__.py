@@ -18,7 +18,7 @@ _EXPORTS = {
     "MIRROR_ENV": "data",
     "MyModel": "model",
     "doctor": "devices", "gpu_count": "devices", "cpu_count": "devices", "available_backends": "devices",
-    "default_nproc": "devices", "choose_backend": "devices",
+    "default_nproc": "devices", "choose_backend": "devices", "machine_load": "devices",
     "write_script": "scripts",
     "show_table": "display", "fresh_run_dir": "display",
     "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchSpec": "launch",

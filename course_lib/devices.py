@@ -31,6 +31,21 @@ def cpu_count() -> int:
 EXPECT_GPU_ENV = "COURSE_EXPECT_GPU"
 
 
+BUSY_PERCENT = 25  # CPU time other programs used, in percent of all CPUs, above which a timing is disturbed
+
+
+def machine_load(interval: float = 2.0) -> tuple[bool, str]:
+    """Whether other programs are using the CPUs now (their share over ``interval`` seconds, while this
+    process waits), and a few words saying so, for a lesson to print before it times something."""
+    import psutil
+
+    used = psutil.cpu_percent(interval=interval)
+    if used > BUSY_PERCENT:
+        return True, (f"BUSY: other programs used {used:.0f}% of the CPUs just before, so the times are slower and "
+                      "noisier")
+    return False, f"idle ({used:.0f}% of the CPUs in use just before)"
+
+
 def gpu_problem() -> str | None:
     """Why CUDA cannot run here (None when it can): it must be available AND run a kernel on every GPU."""
     arches = ", ".join(torch.cuda.get_arch_list()) or "none"
