@@ -29,19 +29,28 @@ BACKENDS = [pytest.param("gloo", id="gloo"),
             pytest.param("nccl", id="nccl", marks=[pytest.mark.gpu, pytest.mark.skipif(
                 torch.cuda.device_count() < 3, reason="needs 3 CUDA GPUs")])]
 
+# How each test program's rank joins: its own GPU and NCCL, or the CPU and gloo.
+JOIN = textwrap.dedent('''
+    import os
+    import torch
+    import torch.distributed as dist
+
+    def join(backend):
+        rank = int(os.environ["RANK"])
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend)
+        return rank, dist.get_world_size(), device
+''')
+
 # What a rank of the pool holds before the first %%px cell, then the cells, then its results as JSON.
-PROGRAM = textwrap.dedent('''
+PROGRAM = JOIN + textwrap.dedent('''
     import json, os, sys
     import torch
     import torch.distributed as dist
 
-    backend = sys.argv[2]
-    rank = int(os.environ["RANK"])
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    world_size = dist.get_world_size()
+    rank, world_size, device = join(sys.argv[2])
     CHECK_STEPS = 3
     for cell in sys.argv[3:]:
         exec(open(cell).read())
@@ -51,7 +60,7 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 # The script's own checkpoint functions: 2 processes train and save, 3 load and take one more step.
-ROUND_TRIP = textwrap.dedent('''
+ROUND_TRIP = JOIN + textwrap.dedent('''
     import importlib.util, json, os, sys
     from pathlib import Path
     import torch
@@ -65,12 +74,7 @@ ROUND_TRIP = textwrap.dedent('''
     spec = importlib.util.spec_from_file_location("train_fsdp", folder / "train_fsdp.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)  # main() does not run
-    rank = int(os.environ["RANK"])
-    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    world = dist.get_world_size()
+    rank, world, device = join(backend)
 
     def mlp():
         torch.manual_seed(0)
