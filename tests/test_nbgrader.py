@@ -82,6 +82,13 @@ def _errors(nb) -> list[tuple[int, str]]:
             for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
+def _error_texts(nb) -> str:
+    """Each failing cell's error with the end of its message, for a failure that says why."""
+    return "\n".join(f"cell {i}: {o.get('ename', '')}: {o.get('evalue', '')[-1500:]}"
+                     for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                     for o in c.get("outputs", []) if o.get("output_type") == "error")
+
+
 @pytest.mark.notebook
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_generate_assignment_releases_exactly_the_committed_exercise(course, lesson):
@@ -96,10 +103,10 @@ def test_generate_assignment_releases_exactly_the_committed_exercise(course, les
 def test_autograde_gives_the_solution_full_marks_with_no_cell_failing(course, lesson):
     got = scores(course, lesson, "solution")
     checks = [c for c in nbformat.read(EXERCISES / f"{lesson}_exercises.ipynb", as_version=4).cells if task_of(c)]
+    graded = nbformat.read(course / "autograded" / "solution" / lesson / f"{lesson}_exercises.ipynb", as_version=4)
+    assert _errors(graded) == [], f"cells of the solution failed under nbgrader:\n{_error_texts(graded)}"
     assert set(got) == {c.metadata.nbgrader["grade_id"] for c in checks}
     assert got == {c.metadata.nbgrader["grade_id"]: float(c.metadata.nbgrader["points"]) for c in checks}
-    graded = nbformat.read(course / "autograded" / "solution" / lesson / f"{lesson}_exercises.ipynb", as_version=4)
-    assert _errors(graded) == [], f"cells of the solution failed under nbgrader: {_errors(graded)}"
 
 
 @pytest.mark.notebook

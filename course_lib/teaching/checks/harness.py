@@ -163,6 +163,7 @@ dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 try:
 {body}
+    dist.barrier()  # no rank tears the group down while another still talks to it (gloo can abort then)
 finally:
     dist.destroy_process_group()
 '''
