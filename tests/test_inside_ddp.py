@@ -14,7 +14,8 @@ from notebook_runner import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "08_inside_ddp.ipynb"
 SCRIPTS = ("train_naive", "train_flat", "train_bucketed")
-CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused")  # in the notebook's order
+CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused",
+         "l08-compile-graphs")  # in the notebook's order
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
@@ -31,7 +32,8 @@ PROGRAM = textwrap.dedent('''
         exec(open(cell).read())
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"results": results, "broken_worst": broken_worst, "unused_error": unused_error,
-                   "bucket_report": bucket_report, "unused_report": unused_report}, f)
+                   "bucket_report": bucket_report, "unused_report": unused_report,
+                   "compile_graphs": compile_graphs}, f)
     dist.destroy_process_group()
 ''')
 
@@ -87,3 +89,16 @@ def test_torchs_ddp_raises_at_the_second_step_on_an_unused_parameter_and_trains_
         assert default["step"] == 1 and default["asks for the flag"], default
         assert found["error"] is None and found["spare unchanged"], found
         assert static["error"] is None and static["spare unchanged"], static
+
+
+def test_a_compiled_model_under_ddp_is_cut_into_one_graph_per_ddp_bucket(ranks):
+    for rank in ranks:
+        rows = rank["compile_graphs"]
+        split = [r for r in rows if r["wrapping"] == "DDP(torch.compile(model))" and r["optimize_ddp"]
+                 and r["bucket_cap_mb"] >= 1]
+        assert [(r["bucket_cap_mb"], r["graphs"]) for r in split] == [(1, 8), (2, 5), (4, 3), (25, 2)], split
+        assert all(r["graphs"] == r["DDP's buckets"] for r in split), split
+        unsplit = next(r for r in rows if not r["optimize_ddp"])
+        assert unsplit["graphs"] == 1, unsplit
+        small = next(r for r in rows if r["bucket_cap_mb"] < 1)
+        assert small["graphs"] is None and "First bucket" in small["error"], small
