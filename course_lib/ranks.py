@@ -10,15 +10,21 @@ its own ``init_process_group``. A start costs seconds once; a cell then costs mi
 
 Failures: a rank that raises shows its traceback beside the other ranks' output; a collective that some rank
 never calls ends after ``pg_timeout`` seconds (the process group's own timeout), and the cell then says which
-ranks did not join and that ``pool.restart()`` gives a fresh group. ``pool.stop()``, the kernel's exit or its
+ranks did not join and that ``pool.restart()`` gives a fresh group; a cell still running after ``cell_timeout``
+seconds (a loop that never ends, a rank waiting for nothing) is interrupted on every rank, and the cell says which
+ranks were still running. Interrupted either way (the timeout or the notebook's stop button), the next cell waits
+for the ranks' replies first, so its own output is shown. ``pool.stop()``, the kernel's exit or its
 death by any means ends the controller and every engine: they run under ``processes.start`` and its guard.
 """
 from __future__ import annotations
 
+import _thread
 import os
+import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +32,8 @@ from .errors import LaunchError
 from .processes import release, start, stop_tree
 
 PG_TIMEOUT = 10  # seconds a collective waits for the ranks that do not call it
+CELL_TIMEOUT = 300  # seconds a %%px cell (or pool.run) may run before its ranks are interrupted; None: no limit
+INTERRUPT_GRACE = 10  # seconds the ranks get to answer an interrupt before the next cell runs anyway
 START_TIMEOUT = 120  # seconds for the engines to start, import torch and join
 
 _BOOT = """
@@ -50,12 +58,14 @@ _course_rank_info = dict(rank=rank, pid=_os.getpid(), host=_socket.gethostname()
 class RankPool:
     """A running pool of ranks: its ipyparallel client, view and processes. Made by ``start_ranks``."""
 
-    def __init__(self, nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False):
+    def __init__(self, nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False,
+                 cell_timeout: float | None = CELL_TIMEOUT):
         from .devices import choose_backend, resolve_nproc
 
         self.nproc = resolve_nproc(nproc)
         self.backend = choose_backend(self.nproc)
         self.pg_timeout = pg_timeout
+        self.cell_timeout = cell_timeout  # may be changed at any time: pool.cell_timeout = 600
         self.quiet = quiet
         self.proc = self.client = self.view = None
         self.folder: Path | None = None
@@ -175,12 +185,25 @@ class RankPool:
 
     # --- use from code ---------------------------------------------------------------------------
 
-    def run(self, code: str, targets=None) -> list:
-        """Run ``code`` on every rank (or ``targets``) and wait; what ``%%px`` does, from Python."""
+    def run(self, code: str, targets=None, timeout: float | None = None):
+        """Run ``code`` on every rank (or ``targets``) and wait; what ``%%px`` does, from Python.
+
+        After ``timeout`` seconds (default: ``cell_timeout``) the ranks still running are interrupted and a
+        LaunchError names them."""
         if self.view is None:
             raise LaunchError("The pool is stopped: start one with course_lib.start_ranks() or pool.restart().")
         view = self.view if targets is None else self.client[targets]
-        return view.execute(code, block=True)
+        limit = self.cell_timeout if timeout is None else timeout
+        result = view.execute(code, block=False)
+        result.wait(-1 if limit is None else limit)
+        if not result.ready():
+            running = still_running(result)
+            self.client.send_signal("SIGINT", targets=view.targets, block=True)
+            result.wait(INTERRUPT_GRACE)
+            raise LaunchError(cell_timeout_note(running, limit, "pool.run(..., timeout=...)"))
+        result.get()  # a rank's exception is raised here, with every rank's traceback
+        result.wait_for_output(1)
+        return result
 
     def push(self, **values) -> None:
         """Give every rank these variables, e.g. ``pool.push(STEPS=STEPS)``: a ``%%px`` cell then reads them."""
@@ -208,9 +231,24 @@ def _running(pid: int) -> bool:
         return False
 
 
-def start_ranks(nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False) -> RankPool:
+def start_ranks(nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False,
+                cell_timeout: float | None = CELL_TIMEOUT) -> RankPool:
     """Start ``nproc`` ranks (default: the course's process count) in one process group; see the module."""
-    return RankPool(nproc, pg_timeout, quiet)
+    return RankPool(nproc, pg_timeout, quiet, cell_timeout)
+
+
+def still_running(result) -> list[int]:
+    """The ranks whose part of an ipyparallel result has not finished (a fresh pool's engine ids are its ranks)."""
+    return [md.get("engine_id", i) if md.get("engine_id") is not None else i
+            for i, md in enumerate(result._metadata) if md.get("completed") is None]
+
+
+def cell_timeout_note(running: list[int], limit: float, setting: str = "pool.cell_timeout") -> str:
+    return (f"The cell was still running on rank(s) {', '.join(map(str, running)) or '(none)'} after {limit:g}s, so "
+            "the pool interrupted the cell (a KeyboardInterrupt on every rank; those already done ignore it): a loop that "
+            "never ends, or a rank waiting for something that never comes. The ranks keep their variables and can run the next cell; if "
+            "one was stopped inside a collective, its process group cannot be trusted: run pool.restart(). For a "
+            f"cell that needs longer, raise the limit ({setting}; None for no limit).")
 
 
 def timeout_note(error, nproc: int, pg_timeout: float) -> str | None:
@@ -243,6 +281,11 @@ def _attach_to_ipython(pool: RankPool) -> None:
     if shell is None:
         return
     pool.view.activate()
+    _ATTACHED["pool"] = pool  # the cell-timeout hooks below serve the pool attached last
+    if not getattr(shell, "_course_px_hooks", False):  # once per kernel, however many pools it starts
+        shell.events.register("pre_run_cell", _before_cell)
+        shell.events.register("post_run_cell", _after_cell)
+        shell._course_px_hooks = True
 
     def handler(self, etype, value, tb, tb_offset=None):
         self.showtraceback((etype, value, tb), tb_offset=tb_offset)
@@ -251,3 +294,51 @@ def _attach_to_ipython(pool: RankPool) -> None:
             print(note, file=sys.stderr)
 
     shell.set_custom_exc((CompositeError, AlreadyDisplayedError), handler)
+
+
+_ATTACHED: dict = {"pool": None, "timer": None, "timed_out": None}
+_PX_CELL = re.compile(r"^\s*%%?px\b")
+
+
+def _px_result():
+    """The result of the last %%px cell (ipyparallel's magics keep it), or None."""
+    from IPython import get_ipython
+
+    magics = get_ipython().magics_manager.registry.get("ParallelMagics")
+    return getattr(magics, "last_result", None)
+
+
+def _before_cell(info) -> None:
+    pool = _ATTACHED["pool"]
+    first_line = (info.raw_cell or "").lstrip().split("\n", 1)[0]
+    if pool is None or pool.view is None or not pool.cell_timeout or not _PX_CELL.match(first_line) \
+            or "--noblock" in first_line:  # a cell that does not wait for its ranks has nothing to bound
+        return
+    previous = _px_result()
+
+    def interrupt():
+        result = _px_result()
+        if result is not None and result is not previous and not result.ready():
+            _ATTACHED["timed_out"] = (still_running(result), pool.cell_timeout)
+            _thread.interrupt_main()  # ipyparallel's %%px answers it by sending SIGINT to the ranks
+
+    timer = threading.Timer(pool.cell_timeout, interrupt)
+    timer.daemon = True
+    _ATTACHED["timer"] = timer
+    timer.start()
+
+
+def _after_cell(result) -> None:
+    timer, _ATTACHED["timer"] = _ATTACHED["timer"], None
+    if timer is not None:
+        timer.cancel()
+    pending = _px_result()
+    if pending is not None and not pending.ready():  # interrupted: by the timeout, or by the stop button
+        try:
+            pending.wait(INTERRUPT_GRACE)  # the ranks' replies, or they would swallow the next cell's output
+            pending.wait_for_output(1)
+        except Exception:  # a pool stopped meanwhile
+            pass
+    timed_out, _ATTACHED["timed_out"] = _ATTACHED["timed_out"], None
+    if timed_out:
+        print(cell_timeout_note(*timed_out), file=sys.stderr)

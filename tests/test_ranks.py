@@ -1,4 +1,4 @@
-"""The pool of interactive ranks, in a real Jupyter kernel: %%px collectives, failures, restart, and a kernel
+"""The pool of interactive ranks, in a real Jupyter kernel: %%px collectives, failures, restart, the cell timeout, and a kernel
 killed with SIGKILL leaving no process of the pool behind (lesson 01 stops its pool, which checks that none is left)."""
 import time
 
@@ -93,6 +93,20 @@ def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_
         second_pids = eval(again["stdout"])
         fresh = _run(client, "%%px\nx = torch.tensor([float(rank)])\ndist.all_reduce(x)\nprint(x.item())")
         assert fresh["display"].count("1.0") == 2, fresh
+
+        # A cell that never ends, with no collective to time out: the pool's cell timeout interrupts it, names the
+        # rank still running, and the next cell shows its output (ipyparallel alone would lose that one).
+        assert _run(client, "pool.cell_timeout = 3")["error"] is None
+        began = time.monotonic()
+        endless = _run(client, "%%px\nimport time\nwhile rank == 1:\n    time.sleep(0.05)\nprint('rank', rank, 'out')")
+        assert time.monotonic() - began < 30, "the cell timeout did not end the cell"
+        assert "still running on rank(s) 1 after 3s" in endless["stderr"], endless
+        assert "[stdout:0] rank 0 out" in endless["display"], endless
+        after = _run(client, "%%px\nprint('rank', rank, 'is back')")
+        assert "[stdout:0] rank 0 is back" in after["display"] and "[stdout:1] rank 1 is back" in after["display"], after
+        ran = _run(client, "try:\n    pool.run('while True: pass', timeout=2)\nexcept Exception as err:\n"
+                           "    print(type(err).__name__, err)")
+        assert "LaunchError The cell was still running on rank(s) 0, 1 after 2s" in ran["stdout"], ran
 
         # What an out-of-memory kill does: SIGKILL to the kernel while a pool runs (pool.stop() is lesson 01's
         # last cell of its pool section, and raises if any process of the pool is left).
