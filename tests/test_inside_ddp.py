@@ -15,7 +15,8 @@ from notebook_runner import ROOT
 NOTEBOOK = ROOT / "notebooks" / "08_inside_ddp.ipynb"
 SCRIPTS = ("train_naive", "train_flat", "train_bucketed")
 CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused",
-         "l08-compile-graphs")  # in the notebook's order
+         "l08-compile-graphs", "l08-diverge-groups", "l08-diverge-barrier", "l08-diverge-detail",
+         "l08-diverge-join")  # in the notebook's order
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
@@ -33,7 +34,8 @@ PROGRAM = textwrap.dedent('''
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"results": results, "broken_worst": broken_worst, "unused_error": unused_error,
                    "bucket_report": bucket_report, "unused_report": unused_report,
-                   "compile_graphs": compile_graphs}, f)
+                   "compile_graphs": compile_graphs, "barrier_cases": barrier_cases,
+                   "mismatch_cases": mismatch_cases, "uneven_cases": uneven_cases}, f)
     dist.destroy_process_group()
 ''')
 
@@ -102,3 +104,30 @@ def test_a_compiled_model_under_ddp_is_cut_into_one_graph_per_ddp_bucket(ranks):
         assert unsplit["graphs"] == 1, unsplit
         small = next(r for r in rows if r["bucket_cap_mb"] < 1)
         assert small["graphs"] is None and "First bucket" in small["error"], small
+
+
+def test_a_barrier_only_rank_0_calls_times_out_and_monitored_barrier_names_the_missing_rank(ranks):
+    plain, monitored = ranks[0]["barrier_cases"]
+    assert ranks[1]["barrier_cases"] == []
+    assert "Timed out" in plain["error"] and "failed to pass" not in plain["error"], plain
+    assert "Ranks 1 failed to pass monitoredBarrier" in monitored["error"], monitored
+    assert 1.5 < plain["seconds"] < 10 and 1.5 < monitored["seconds"] < 10, (plain, monitored)  # the 2 s timeout
+
+
+def test_a_shape_mismatch_is_named_only_under_detail(ranks):
+    plain = [rank["mismatch_cases"][0] for rank in ranks]
+    checked = [rank["mismatch_cases"][1] for rank in ranks]
+    assert any(c["error"] and "Timed out" in c["error"] for c in plain), plain
+    assert not any("TensorShape" in (c["error"] or "") for c in plain), plain
+    for c in checked:
+        assert c["error"].startswith("Detected mismatch between collectives on ranks"), c
+        assert "TensorShape=[3]" in c["error"] and "TensorShape=[4]" in c["error"], c
+
+
+def test_join_lets_ddp_finish_uneven_inputs_with_equal_parameters_where_plain_ddp_times_out(ranks):
+    without = [rank["uneven_cases"][0] for rank in ranks]
+    joined = [rank["uneven_cases"][1] for rank in ranks]
+    assert without[0]["steps"] == 4 and "Timed out" in without[0]["error"], without[0]
+    assert without[1]["steps"] == 4 and without[1]["error"] is None, without[1]
+    assert [c["steps"] for c in joined] == [5, 4] and all(c["error"] is None for c in joined), joined
+    assert joined[0]["weight"] == joined[1]["weight"]
