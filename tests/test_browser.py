@@ -240,6 +240,15 @@ def _bar_widths(panel) -> list[float]:
     return [float(s.rstrip("%") or 0) for s in styles]
 
 
+# The bottom of the box's last line of text lies inside the box (not below its visible part).
+_NEWEST_LINE_IN_VIEW = """e => {
+    const box = e.getBoundingClientRect();
+    const outputs = e.querySelectorAll('.jp-OutputArea-output');
+    const last = outputs[outputs.length - 1].getBoundingClientRect();
+    return last.bottom <= box.bottom + 1 && last.bottom > box.top;
+}"""
+
+
 def _until(condition, seconds: float, what: str):
     deadline = time.monotonic() + seconds
     while True:
@@ -291,6 +300,12 @@ def test_lesson_02_and_its_launch_panel_in_jupyterlab(lab, page):
     before, bars = rank_text(0), _bar_widths(panel)
     _until(lambda: _bar_widths(panel) != bars and max(_bar_widths(panel)) > 0, 120, "the progress bars move")
     _until(lambda: len(rank_text(0)) > len(before), 120, "rank 0's tab receives new lines")
+    # Once rank 0's lines overflow their box, the newest one is still in view: the box follows its tail.
+    rank0 = outputs.nth(0)
+    _until(lambda: rank0.evaluate("e => e.scrollHeight > e.clientHeight + 20"), 120,
+           "rank 0's lines overflow their box (one line per epoch)")
+    _until(lambda: rank0.evaluate(_NEWEST_LINE_IN_VIEW), 10, "rank 0's newest line is in view without scrolling")
+    panel.screenshot(path=str(SHOTS / "02_panel_rank0_tail.png"))
     plot = panel.locator("img.widget-image")
     _until(lambda: plot.evaluate("img => img.offsetWidth > 0 && img.naturalWidth > 0"), 180,
            "the loss/accuracy plot appears (after the first epoch)")

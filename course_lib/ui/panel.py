@@ -82,6 +82,11 @@ def plot_png(records: list[dict], title: str = "") -> bytes:
     return buf.getvalue()
 
 
+# JupyterLab's output area inside a widget-output scrolls on its own; as the flex child of a tail view it must keep
+# its full height instead, so that the view itself scrolls and stays at its bottom.
+_TAIL_CSS = "<style>.course-tail > .jp-OutputArea { flex: none; overflow: visible; }</style>"
+
+
 class LaunchPanel:
     """Widgets to launch ``script`` on ``nproc`` processes and follow it live; ``run()``/``stop()``/``wait()``.
 
@@ -144,6 +149,7 @@ class LaunchPanel:
         self.widget = w.VBox([
             w.HBox([self.script, self.launcher]),
             w.HBox([self.nproc, self.epochs, self.mixed_precision, self.run_button, self.stop_button]),
+            w.HTML(_TAIL_CSS, layout=w.Layout(display="none")),
             self.command, self.status, self.epoch_bar, self.step_bar, self.plot, self.tabs,
         ])
         self._reset_views()
@@ -178,10 +184,16 @@ class LaunchPanel:
     def _reset_views(self) -> None:
         import ipywidgets as w
 
-        nproc = self.nproc.value
-        self.rank_outputs = {rank: w.Output(layout=w.Layout(max_height="260px", overflow="auto"))
-                             for rank in range(nproc)}
-        self.rank_outputs["launcher"] = w.Output(layout=w.Layout(max_height="260px", overflow="auto"))
+        def tail():
+            # A scrolling box whose content is laid out from the bottom: the browser keeps the newest line in
+            # view as lines arrive, unless the learner has scrolled up to read an earlier one (see _TAIL_CSS).
+            view = w.Output(layout=w.Layout(max_height="260px", overflow="auto", display="flex",
+                                            flex_flow="column-reverse"))
+            view.add_class("course-tail")
+            return view
+
+        self.rank_outputs = {rank: tail() for rank in range(self.nproc.value)}
+        self.rank_outputs["launcher"] = tail()
         self.tabs.children = list(self.rank_outputs.values())
         for i, name in enumerate(self.rank_outputs):
             self.tabs.set_title(i, f"rank {name}" if isinstance(name, int) else str(name))
