@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import nbformat
 import psutil
 import pytest
 
+from course_lib.launch import free_port
 from course_lib.processes import stop_tree
 from notebook_runner import ROOT, fast_parameters, inject_parameters
 
@@ -50,12 +50,6 @@ def _chromium() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _settings(folder: Path) -> None:
     """JupyterLab's user settings for the test: all cells rendered, nothing fetched from the internet."""
     for plugin, values in {
@@ -77,7 +71,7 @@ class Lab:
             nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
             nbformat.write(inject_parameters(nb, fast_parameters(nb)), self.notebooks / name)
         _settings(work / "settings")
-        self.port, self.token = _free_port(), secrets.token_hex(16)
+        self.port, self.token = free_port(), secrets.token_hex(16)
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
                    JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"), JUPYTER_RUNTIME_DIR=str(work / "runtime"))
