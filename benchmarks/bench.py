@@ -114,21 +114,11 @@ def settings(fast: bool, cuda: bool, steps: int | None = None, repeats: int | No
 # --- the machine and its load ------------------------------------------------------------------
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict:
     import torch
 
     gpus = course_lib.gpu_count()
-    return {"platform": platform.platform(), "processor": _cpu_name(), "cpu_count": os.cpu_count(),
+    return {"platform": platform.platform(), "processor": course_lib.devices.cpu_name(), "cpu_count": os.cpu_count(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
             "python": platform.python_version(), "torch": torch.__version__}
 

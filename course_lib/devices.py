@@ -26,6 +26,25 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux), e.g. "AMD EPYC 7B13"."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_summary() -> str:
+    """One line naming this machine, for results that depend on it: processor, cores, GPUs, OS, Python, torch."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(gpu_count())]
+    return (f"{cpu_name()}, {cpu_count()} usable CPU cores, "
+            + (f"{len(gpus)} GPU(s) ({', '.join(sorted(set(gpus)))})" if gpus else "no GPU")
+            + f"; {platform.system()} {platform.release()}; Python {platform.python_version()}; torch {torch.__version__}")
+
+
 #: Set (to anything but empty or 0) where a GPU is expected, e.g. on a GPU runner: the tests then stop at once
 #: when CUDA does not work, instead of skipping every GPU test and passing on the CPU.
 EXPECT_GPU_ENV = "COURSE_EXPECT_GPU"
