@@ -7,22 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-
-from course_lib.teaching.notebooks import fast_parameters, inject_parameters, parameters_index  # noqa: F401 (re-exported)
+from course_lib.teaching.notebooks import execute, fast_parameters, inject_parameters, parameters_index  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def execute_notebook(path: Path, params: dict | None = None, timeout: int = 600, allow_errors=False):
     """Run ``path`` top to bottom in a fresh kernel with its cwd set to the notebook's folder."""
-    nb = nbformat.read(path, as_version=4)
-    nb = inject_parameters(nb, fast_parameters(nb) if params is None else params)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
-    return nb
+    return execute(path, params, timeout=timeout, allow_errors=allow_errors)
 
 
 def has_outputs(nb) -> bool:

@@ -10,6 +10,7 @@ from notebook_runner import ROOT, execute_notebook, fast_parameters, has_outputs
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 ALL = LESSONS + SOLUTIONS
+EXECUTED = ROOT / "test-output" / "executed"  # the executed lessons, with their outputs
 
 
 def _id(path):
@@ -43,5 +44,8 @@ def test_notebook_has_one_parameters_cell(path):
 @pytest.mark.parametrize("path", LESSONS, ids=_id)
 def test_notebook_runs_top_to_bottom(path):
     start = time.monotonic()
-    execute_notebook(path)
+    nb = execute_notebook(path)
     print(f"{_id(path)} executed in {time.monotonic() - start:.1f}s")
+    # Kept for the book (tests/test_book.py builds it from these instead of running every lesson again).
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, EXECUTED / path.name)
