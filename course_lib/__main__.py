@@ -9,6 +9,8 @@
                                        generate exercises/ from solutions/ (--check: fail if out of date)
   python3 -m course_lib grade SUBMISSIONS... --out grades.csv
                                        execute and grade submitted exercise notebooks (instructors)
+  python3 -m course_lib book [--only 00,02] [--reuse DIR]
+                                       execute the lessons and build the HTML book in build/book/html
 
 ``--no-venv`` (before the command) uses the current Python environment (e.g. an activated conda
 environment made from environment.yml) instead of ``.venv``.
@@ -79,7 +81,7 @@ def _main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     command, rest = argv[0], argv[1:]
-    if command in ("lab", "test", "setup") and not use_current and not _in_venv():
+    if command in ("lab", "test", "setup", "book") and not use_current and not _in_venv():
         python = ensure_venv()
         return subprocess.call([str(python), "-m", "course_lib", command, *rest], cwd=ROOT)
 
@@ -124,7 +126,7 @@ def _root_flag() -> list[str]:
 
 
 #: Commands whose code lives in a module of their own (instructors' tools), by the module's name.
-MODULE_COMMANDS = {"exercises": "teaching.exercises", "grade": "teaching.grading"}
+MODULE_COMMANDS = {"exercises": "teaching.exercises", "grade": "teaching.grading", "book": "teaching.book"}
 
 
 if __name__ == "__main__":

@@ -50,3 +50,9 @@ def ctrl_c_raises():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The book's tests run last: the book is built from the lessons the notebook tests executed
+    (test-output/executed), so that CI does not run every lesson twice."""
+    items.sort(key=lambda item: item.path.name == "test_book.py")  # a stable sort: the order is otherwise kept
