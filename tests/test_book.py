@@ -119,18 +119,15 @@ def test_only_names_lessons_that_exist(tmp_path):
 @pytest.mark.browser
 @pytest.mark.notebook
 def test_a_lesson_page_renders_its_plots_in_a_browser(site):
-    from test_browser import SHOTS, _chromium, _missing
+    from test_browser import SHOTS, require_browser
 
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("Playwright is not installed (it is in the test extra: pip install -e '.[test]')")
-    if _chromium() is None:
-        _missing("no Chromium on PATH (Debian/Ubuntu: apt-get install chromium; or set COURSE_CHROMIUM)")
+    executable = require_browser()
+    from playwright.sync_api import sync_playwright
+
     SHOTS.mkdir(parents=True, exist_ok=True)
     lesson = "02_ddp"  # plots, the launch panel's text form, and exercises
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=_chromium())
+        chromium = p.chromium.launch(executable_path=executable)
         page = chromium.new_page(viewport={"width": 1200, "height": 1000})
         page.goto((OUT / "html" / "index.html").as_uri())
         page.get_by_role("link", name=re.compile(r"^02 · ")).first.click()

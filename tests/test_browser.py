@@ -120,14 +120,21 @@ class Lab:
         stop_tree(self.proc.pid)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def require_browser() -> str:
+    """The Chromium to drive, once Playwright and a Chromium are both here (else skip, or fail under CI)."""
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         _missing("Playwright is not installed (it is in the test extra: pip install -e '.[test]')")
-    if _chromium() is None:
+    chromium = _chromium()
+    if chromium is None:
         _missing("no Chromium on PATH (Debian/Ubuntu: apt-get install chromium; or set COURSE_CHROMIUM)")
+    return chromium
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    require_browser()
     server = Lab(tmp_path_factory.mktemp("lab"))
     yield server
     server.close()
