@@ -113,13 +113,13 @@ def _execute(lesson: Path, timeout: int) -> nbformat.NotebookNode:
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-WIDGET_REPR = re.compile(r"^\s*([A-Z]\w*)\(")  # a widget's repr, e.g. "VBox(children=(...": not worth showing
+WIDGET_REPR = re.compile(r"^\s*[A-Z]\w*\(")  # a widget's repr, e.g. "VBox(children=(...": not worth showing
 
 
 def static_widgets(nb) -> int:
     """Replace every widget output by its text form (a progress bar's says how far it got), or by a short note
-    where that is only the widget's repr (the launch panel's); drop the saved widget state. A static page cannot run widgets without JavaScript from a CDN.
-    Returns how many were replaced."""
+    where that is only the widget's repr (the launch panel's); drop the saved widget state. A static page cannot
+    run widgets without JavaScript from a CDN. Returns how many were replaced."""
     replaced = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []):
@@ -156,8 +156,9 @@ def _exercise_page(path: Path, lesson: Path, built_on: str) -> nbformat.Notebook
     nb = nbformat.read(path, as_version=4)
     note = nbformat.v4.new_markdown_cell(
         f":::{{note}}\nThe exercises of [lesson {lesson.stem[:2]}](../lessons/{lesson.name}), as released to "
-        f"learners: not executed here, so there are no outputs. Download the notebook, {{download}}`{path.name} <../downloads/{path.name}>`, "
-        "and run it in JupyterLab beside the lesson; `python3 -m course_lib grade` or nbgrader grades it "
+        "learners: not executed here, so there are no outputs. Download the notebook, "
+        f"{{download}}`{path.name} <../downloads/{path.name}>`, and run it in JupyterLab beside the lesson; "
+        "`python3 -m course_lib grade` or nbgrader grades it "
         f"(docs/instructors.md). The book was built on {built_on}.\n:::")
     nb.cells.insert(1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0, note)
     return nb
