@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import re
 import struct
+from html import unescape
 from pathlib import Path
 
 import nbformat
@@ -68,8 +69,7 @@ def test_a_lesson_page_shows_its_outputs_plots_machine_and_exercises(site, lesso
     streams = [o["text"].strip().splitlines()[-1] for c in executed.cells for o in c.get("outputs", [])
                if o.get("output_type") == "stream" and o["text"].strip()]
     assert streams, "the run printed nothing"
-    plain = re.sub(r"<[^>]+>", "", html).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-    plain = plain.replace("&quot;", '"').replace("&#39;", "'")
+    plain = unescape(re.sub(r"<[^>]+>", "", html))
     missing = [line for line in streams if re.sub(r"\x1b\[[0-9;]*m", "", line).strip() not in plain]
     assert not missing, f"{len(missing)} of {len(streams)} outputs are not on the page, e.g. {missing[:2]}"
     # nothing is fetched from elsewhere to show the page (widgets are text), except MathJax where there is math
