@@ -37,6 +37,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_bf16_flags() -> list[str]:
+    """The CPU's instruction-set flags that compute bfloat16 natively (``avx512_bf16``, ``amx_bf16``), from
+    /proc/cpuinfo on Linux; empty where there are none, or where the flags cannot be read."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("flags"):
+                return sorted(set(line.split(":", 1)[1].split()) & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return []
+
+
 def machine_summary() -> str:
     """One line naming this machine, for results that depend on it: processor, cores, GPUs, OS, Python, torch."""
     gpus = [torch.cuda.get_device_name(i) for i in range(gpu_count())]

@@ -103,3 +103,21 @@ def test_the_gpu_problem_names_the_fix_on_a_machine_without_cuda():
         pytest.skip("a GPU machine")
     problem = gpu_problem()
     assert "is_available() is False" in problem and "sm_" in problem and "driver" in problem
+
+
+def test_cpu_bf16_flags_reads_only_the_native_bfloat16_flags(monkeypatch):
+    import io
+
+    from course_lib import devices
+
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2 avx512f amx_tile amx_bf16 avx512_bf16 avx2\nbogomips\t: 1\n"
+    monkeypatch.setattr(devices, "open", lambda *args, **kwargs: io.StringIO(cpuinfo), raising=False)
+    assert devices.cpu_bf16_flags() == ["amx_bf16", "avx512_bf16"]
+    monkeypatch.setattr(devices, "open", lambda *args, **kwargs: io.StringIO("flags\t: fpu sse2 avx2\n"), raising=False)
+    assert devices.cpu_bf16_flags() == []
+
+    def unreadable(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(devices, "open", unreadable, raising=False)
+    assert devices.cpu_bf16_flags() == []
