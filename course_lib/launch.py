@@ -148,11 +148,21 @@ def launch_env(nproc_per_node: int, env: dict | None = None, max_restarts: int =
 
 def torchrun_command(script, nproc=None, nnodes="1", script_args=(), max_restarts=0,
                      rdzv_endpoint=None, rdzv_id=None, node_rank=None, log_dir=None,
-                     extra_args=()) -> list[str]:
-    """The torchrun command line for ``script``; single node uses ``--standalone`` (free port)."""
+                     extra_args=(), rdzv_backend="c10d") -> list[str]:
+    """The torchrun command line for ``script``; single node uses ``--standalone`` (free port).
+
+    ``rdzv_backend="static"``: the fixed membership of torchrun's default backend, where every node is given its
+    ``node_rank`` and node 0's agent hosts the store at ``rdzv_endpoint`` (``--master-addr``/``--master-port``).
+    """
     nproc = resolve_nproc(nproc)
     cmd = [_venv_tool("torchrun")]
-    if str(nnodes) == "1" and rdzv_endpoint is None:
+    if rdzv_backend == "static":
+        if node_rank is None or rdzv_endpoint is None or ":" in str(nnodes):
+            raise ValueError("a static rendezvous needs a fixed number of nodes, each node's node_rank, and "
+                             "rdzv_endpoint='host:port' of node 0 (it hosts the store)")
+        host, port = str(rdzv_endpoint).rsplit(":", 1)
+        cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", host, "--master-port", port]
+    elif str(nnodes) == "1" and rdzv_endpoint is None:
         cmd += ["--standalone"]
     else:
         cmd += ["--nnodes", str(nnodes), "--rdzv-backend", "c10d",

@@ -47,8 +47,11 @@ def _due(condition, elapsed: float) -> bool:
 def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, script_args=(), env=None,
                    max_restarts=0, timeout=None, run_dir=None, rdzv_conf: str | None = None,
                    start_after: dict[int, float | Callable[[float], bool]] | None = None, quiet=False,
-                   check=True, extra_args=(), epochs=None) -> list[RunResult]:
+                   check=True, extra_args=(), epochs=None, rdzv_backend="c10d") -> list[RunResult]:
     """Run ``script`` with ``agents`` torchrun agents that rendezvous on 127.0.0.1 as one job.
+
+    ``rdzv_backend``: ``"c10d"`` (the rendezvous decides which node gets which node rank, and ``nnodes`` may be
+    ``"MIN:MAX"``) or ``"static"`` (node ``k`` is started with ``--node-rank k``; a fixed number of nodes).
 
     ``nnodes``: torchrun's ``--nnodes`` for every agent (default ``agents``; ``"1:2"`` is elastic).
     ``start_after``: ``{node: seconds}`` or ``{node: condition(elapsed_seconds) -> bool}`` delays that
@@ -67,7 +70,8 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     added = launch_environment(nproc_per_node * agents, max_restarts, env)
     specs = [LaunchSpec(torchrun_command(script, nproc_per_node, nnodes or agents, args, max_restarts,
                                          rdzv_endpoint=endpoint, rdzv_id=run_id, log_dir=folder / "logs" / f"node{k}",
-                                         extra_args=[*rdzv_args, *extra_args]),
+                                         extra_args=[*rdzv_args, *extra_args], rdzv_backend=rdzv_backend,
+                                         node_rank=k if rdzv_backend == "static" else None),
                         folder, {**devices, **added}, log_dir=folder / "logs" / f"node{k}", nproc=nproc_per_node,
                         nnodes=str(nnodes or agents), max_restarts=max_restarts, epochs=epochs)
              for k, devices in enumerate(agent_devices(agents, nproc_per_node))]
@@ -89,7 +93,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
         captured[k] = []
         open_streams += 1
         if k in pending:
-            print(f"[node{k}] started {started[k] - begin:.1f}s after node0", flush=True)
+            print(f"[node{k}] started {started[k] - begin:.1f}s after the launch began", flush=True)
 
     def handle(k: int, line: str) -> None:
         captured[k].append(line.rstrip("\n"))

@@ -6,6 +6,7 @@ The training script is taken from the notebook's ``%%write_script`` cell, so the
 shows. Small settings (``--max-steps``) keep each launch to a few seconds of training.
 """
 import _thread
+import importlib.util
 import os
 import subprocess
 import threading
@@ -63,6 +64,41 @@ def test_restart_resumes_from_the_newest_checkpoint_and_finishes_every_epoch(tra
     checkpoint = torch.load(tmp_path / "checkpoints" / "checkpoint-1.pt", map_location="cpu", weights_only=True)
     assert checkpoint["epoch"] == 1
     MyModel().load_state_dict(checkpoint["model"])  # strict: same keys, no `module.` prefix
+
+
+def test_a_restart_resumes_at_the_snapshot_inside_the_epoch_and_ends_with_the_uninterrupted_weights(train_script,
+                                                                                                     tmp_path):
+    # rank 1 fails before step 4 of epoch 1 (halfway through 8); snapshots every 3 steps: the restart resumes at 3
+    whole = course_lib.torchrun(train_script, 2, run_dir=tmp_path / "whole", timeout=LAUNCH_TIMEOUT, quiet=True,
+                                script_args=SMALL)
+    resumed = course_lib.torchrun(train_script, 2, max_restarts=3, run_dir=tmp_path / "resumed", quiet=True,
+                                  timeout=LAUNCH_TIMEOUT,
+                                  script_args=[*SMALL, "--fail-at-epoch", "1", "--snapshot-every", "3"])
+    assert "snapshot.pt (epoch 1, 3 steps done); continuing at epoch 1 step 3" in resumed.outputs[0]
+    assert epochs_of(resumed) == [0, 1] and resumed.events("epoch")[-1]["resumed_at_step"] == 3
+    assert resumed.events("epoch")[-1]["steps"] == whole.events("epoch")[-1]["steps"] == 8
+    final = [torch.load(run / "checkpoints" / "checkpoint-1.pt", map_location="cpu", weights_only=True)["model"]
+             for run in (tmp_path / "whole", tmp_path / "resumed")]
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0]), "an exact resume: the very same weights"
+
+
+def test_a_snapshot_counts_only_in_the_epoch_it_belongs_to_and_at_the_world_size_it_was_taken_at(train_script,
+                                                                                                  tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("lesson04_snapshot", train_script)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    model = MyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    torch.save({**state, "epoch": 0}, folder / "checkpoint-0.pt")
+    torch.save({**state, "epoch": 1, "step": 8, "world_size": 2}, folder / "snapshot.pt")
+    assert script.resume(folder, model, optimizer, "cpu", 0, 2) == (1, 8)
+    assert script.resume(folder, model, optimizer, "cpu", 0, 3) == (1, 0)
+    assert "world size 2, not 3: epoch 1 starts over" in capsys.readouterr().out
+    torch.save({**state, "epoch": 1}, folder / "checkpoint-1.pt")  # epoch 1 finished after its snapshot
+    assert script.resume(folder, model, optimizer, "cpu", 0, 2) == (2, 0)
 
 
 def test_without_restarts_the_failure_ends_the_job_with_the_ranks_traceback(train_script, tmp_path):
@@ -238,3 +274,13 @@ def test_the_agents_devices_reach_their_workers_and_are_shown(monkeypatch, write
     results = torchrun_nodes(script, agents=2, nproc_per_node=1, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT)
     assert sorted(text for r in results for text in r.outputs.values()) == ["visible=''", "visible=''"]
     assert capsys.readouterr().out.count("CUDA_VISIBLE_DEVICES='' ") == 2  # in front of both printed commands
+
+
+def test_a_static_rendezvous_gives_each_node_its_rank_and_the_address_of_node_0():
+    from course_lib.launch import torchrun_command
+
+    command = torchrun_command("train.py", 1, 2, rdzv_backend="static", rdzv_endpoint="127.0.0.1:29555", node_rank=1)
+    flags = " ".join(command[1:command.index("--nproc-per-node")])
+    assert flags == "--nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29555"
+    with pytest.raises(ValueError, match="fixed number of nodes"):
+        torchrun_command("train.py", 1, "1:2", rdzv_backend="static", rdzv_endpoint="127.0.0.1:29555", node_rank=0)
