@@ -13,7 +13,8 @@ lesson 07's ``runs/07_performance/train.py`` (lesson 02's train.py plus marked r
    compute only (the epoch's batches sliced ahead: the ceiling); samples/s and time per epoch.
 2. scaling: 1 and 2 processes (1..N GPUs where present), efficiency T1/(N*TN), and the share of a step in
    the gradient all-reduce (a timing communication hook; and the step without any all-reduce), for MyModel
-   and a timm resnet18.
+   and a timm resnet18. On CPUs also one process with one thread per core on the same global batch, side by
+   side with the DDP processes: the baseline that using the cores by processes has to beat.
 3. abstraction overhead: lesson 06's three levels (raw DDP, Accelerate, the Trainer), ratios to raw DDP.
 4. mixed precision: bf16 autocast vs fp32 on this device (lesson 07's --mixed-precision).
 5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell (lesson 01's hello.py), and
@@ -118,7 +119,10 @@ def machine() -> dict:
     import torch
 
     gpus = course_lib.gpu_count()
+    # The processor's name alone does not tell two generations of a virtual CPU apart; its bf16 instructions do
+    # (they decide the mixed-precision section).
     return {"platform": platform.platform(), "processor": course_lib.devices.cpu_name(), "cpu_count": os.cpu_count(),
+            "cpu_bf16_instructions": course_lib.devices.cpu_bf16_flags(),
             "gpus": [torch.cuda.get_device_name(i) for i in range(gpus)],
             "python": platform.python_version(), "torch": torch.__version__}
 
@@ -341,6 +345,13 @@ def scaling_configs(cfg: dict, model: str, nproc: int, hide_gpu: dict) -> tuple:
             ("train", nproc, train_args(model, "tensors", "none", cfg), hide_gpu))
 
 
+def threads_config(cfg: dict, model: str, threads: int, hide_gpu: dict) -> tuple:
+    """One process using ``threads`` cores for intra-op parallelism, on the global batch of ``threads`` DDP ranks."""
+    batch = cfg[model].get("batch", cfg["batch"])
+    cfg = {**cfg, model: {**cfg[model], "batch": threads * batch}}
+    return ("train", 1, train_args(model, "tensors", "none", cfg), {**hide_gpu, "OMP_NUM_THREADS": str(threads)})
+
+
 def measure_scaling(runner: Runner, cfg: dict, models=MODELS) -> dict:
     """Lesson 07's script on 1..N processes: throughput, efficiency, all-reduce share (hook and no all-reduce)."""
     # With one GPU, 1 process would use it and 2 would fall back to CPUs: compare like with like on CPUs.
@@ -352,8 +363,15 @@ def measure_scaling(runner: Runner, cfg: dict, models=MODELS) -> dict:
         batch = cfg[model].get("batch", cfg["batch"])
         extrapolated = bool(cfg[model]["steps"])
         per_nproc, keys = {}, {}
-        for n in scaling_nprocs():
-            hooked, none = runner.measure(list(scaling_configs(cfg, model, n, hide_gpu)))
+        nprocs = scaling_nprocs()
+        threads = None  # on CPUs: one process with a thread per core, the baseline DDP has to beat
+        for n in nprocs:
+            configs = list(scaling_configs(cfg, model, n, hide_gpu))
+            if n == max(nprocs) > 1 and (hide_gpu or not course_lib.gpu_count()):
+                configs.append(threads_config(cfg, model, n, hide_gpu))
+            hooked, none, *baseline = runner.measure(configs)
+            if baseline:
+                threads = {"threads": n, "key": baseline[0], "ddp_key": hooked}
             keys[n] = hooked
             row = throughput(runner, hooked, n, batch, extrapolated)
             allreduce = [a for a in runner.value(hooked, "allreduce_s_per_step")]
@@ -369,9 +387,19 @@ def measure_scaling(runner: Runner, cfg: dict, models=MODELS) -> dict:
                 "(no all-reduce)")
         one, largest = per_nproc[str(min(keys))], per_nproc[str(max(keys))]
         size = grad_bytes(model)
+        baseline = None
+        if threads:
+            n = threads["threads"]
+            # The same global batch per step both ways (n x batch in one process, batch on each of n ranks):
+            # step time over step time is the speed-up of DDP's processes over one process's threads.
+            baseline = {**throughput(runner, threads["key"], 1, n * batch, extrapolated), "threads": n,
+                        "global_batch": n * batch, "launch": threads["key"],
+                        "ddp_speedup": ratio_spread(runner, threads["key"], threads["ddp_key"])}
+            log(f"  {model} 1 process x {n} threads: {baseline['samples_per_s']:.0f} samples/s; {n} DDP processes "
+                f"{baseline['ddp_speedup']['median']:.2f}x of it")
         results[model] = {
             "batch_per_rank": batch, "device": "cuda" if one["backend"] == "nccl" else "cpu", "grad_MB": size / 1e6,
-            "per_nproc": per_nproc,
+            "per_nproc": per_nproc, "threads_baseline": baseline,
             # T1 / (N * TN) with T the time per epoch; the per-rank batch is fixed, so an epoch at N
             # processes has 1/N of the steps: this equals samples/s at N over N times samples/s at 1.
             "efficiency": {n: row["samples_per_s"] / (int(n) * one["samples_per_s"]) for n, row in per_nproc.items()},
@@ -701,6 +729,9 @@ def required_figures(result: dict) -> dict:
             figures[f"scaling.{model}.{n}.efficiency"] = scaling["efficiency"][n]
         for key in ("comm_share_hook", "comm_share_no_sync", "grad_MB"):
             figures[f"scaling.{model}.{key}"] = scaling[key]
+        if scaling.get("threads_baseline"):  # CPUs only: one process on every core, by threads
+            figures[f"scaling.{model}.threads_baseline.samples_per_s"] = scaling["threads_baseline"]["samples_per_s"]
+            figures[f"scaling.{model}.threads_baseline.ddp_speedup"] = scaling["threads_baseline"]["ddp_speedup"]["median"]
     for level in ("ddp", "accelerate", "trainer"):
         figures[f"abstraction.{level}.epoch_s"] = result["abstraction"]["levels"][level]["epoch_s"]
         figures[f"abstraction.{level}.ratio_to_ddp"] = result["abstraction"]["ratio_to_ddp"][level]

@@ -4,6 +4,7 @@ run's recorded launches: the launches themselves are the lessons' scripts, which
 lineage tests run, and the shell run's pipeline section launches through the same runner."""
 import json
 import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -206,3 +207,19 @@ def test_the_inside_ddp_section_times_lesson_08s_versions_and_sweeps_3_2_and_1_b
     assert [row["buckets"] for row in section["sweep"]["bucketed"].values()] == [3, 2, 1]
     for row in [*section["versions"].values(), *section["sweep"]["torch DDP"].values()]:
         assert row["spread"]["min"] <= row["spread"]["median"] <= row["spread"]["max"] and row["step_ms"] > 0
+
+
+def test_on_cpus_the_scaling_section_compares_ddp_with_one_process_using_every_core_by_threads():
+    reference = json.loads(REFERENCE.read_text())
+    for model in bench.MODELS:
+        scaling = reference["scaling"][model]
+        baseline, ddp = scaling["threads_baseline"], scaling["per_nproc"]["2"]
+        launch = reference["runs"][baseline["launch"]]
+        assert launch["nproc"] == 1 and launch["env"]["OMP_NUM_THREADS"] == "2"
+        batch = int(launch["args"][launch["args"].index("--batch-size") + 1])
+        assert batch == baseline["global_batch"] == 2 * scaling["batch_per_rank"]
+        # the speed-up is the ratio of the two step times per round (both process the same global batch)
+        rounds = zip(launch["rounds"], reference["runs"][ddp["launch"]]["rounds"])
+        ratios = [threads["step_s"] / processes["step_s"] for threads, processes in rounds]
+        assert baseline["ddp_speedup"]["median"] == pytest.approx(statistics.median(ratios), rel=1e-9)
+        assert f"scaling.{model}.threads_baseline.ddp_speedup" in bench.required_figures(reference)
