@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import time
 from typing import Callable
 
@@ -47,7 +48,8 @@ def _due(condition, elapsed: float) -> bool:
 def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, script_args=(), env=None,
                    max_restarts=0, timeout=None, run_dir=None, rdzv_conf: str | None = None,
                    start_after: dict[int, float | Callable[[float], bool]] | None = None, quiet=False,
-                   check=True, extra_args=(), epochs=None, rdzv_backend="c10d") -> list[RunResult]:
+                   check=True, extra_args=(), epochs=None, rdzv_backend="c10d",
+                   stop_after: dict[int, float | Callable[[float], bool]] | None = None) -> list[RunResult]:
     """Run ``script`` with ``agents`` torchrun agents that rendezvous on 127.0.0.1 as one job.
 
     ``rdzv_backend``: ``"c10d"`` (the rendezvous decides which node gets which node rank, and ``nnodes`` may be
@@ -55,7 +57,8 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
 
     ``nnodes``: torchrun's ``--nnodes`` for every agent (default ``agents``; ``"1:2"`` is elastic).
     ``start_after``: ``{node: seconds}`` or ``{node: condition(elapsed_seconds) -> bool}`` delays that
-    node's start (a node joining a running job); the others start at once. ``rdzv_conf`` is passed as
+    node's start (a node joining a running job); the others start at once. ``stop_after``, in the same form, ends
+    that node (SIGTERM to its agent and workers, as when a machine is shut down: a node leaving the job). ``rdzv_conf`` is passed as
     ``--rdzv-conf`` (e.g. ``"last_call_timeout=1"``). Returns one ``RunResult`` per started node; a
     failing node raises ``LaunchError`` (``.results`` holds all of them) unless ``check=False``.
     """
@@ -76,6 +79,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
                         nnodes=str(nnodes or agents), max_restarts=max_restarts, epochs=epochs)
              for k, devices in enumerate(agent_devices(agents, nproc_per_node))]
     pending = dict(start_after or {})
+    stopping = dict(stop_after or {})
     for k, spec in enumerate(specs):
         when = "" if k not in pending else " (started later, when its condition is met)"
         print(f"$ {spec.command_line}   # node{k}{when}", flush=True)
@@ -84,6 +88,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     procs = {}
     started: dict[int, float] = {}
     captured: dict[int, list[str]] = {}
+    ended: dict[int, float] = {}  # when each node's output ended: its duration
     open_streams = 0
 
     def start(k: int) -> None:
@@ -114,6 +119,16 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
             for k in [k for k, condition in pending.items() if _due(condition, elapsed)]:
                 start(k)
                 del pending[k]
+            for k in [k for k, condition in stopping.items() if k in procs and _due(condition, elapsed)]:
+                del stopping[k]
+                print(f"[node{k}] leaving the job {elapsed:.1f}s after the launch began: SIGTERM to its agent and "
+                      "workers", flush=True)
+                # SIGTERM only, to the agent's process group: torchrun forwards it to its workers and exits with the
+                # error a shut-down node reports (stop_tree would wait for it itself, and its exit code would be lost)
+                try:
+                    os.killpg(procs[k].pid, signal.SIGTERM)
+                except ProcessLookupError:  # it had ended already
+                    pass
             if not open_streams:  # every started node has finished; a node still waiting would join nothing
                 break
             try:
@@ -122,6 +137,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
                 continue
             if line is None:
                 open_streams -= 1
+                ended[k] = time.monotonic()
             else:
                 handle(k, line)
     except KeyboardInterrupt:
@@ -156,7 +172,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
                 outputs.setdefault(int(match.group(1)), []).append(match.group(2))
             else:
                 launcher.append(line)
-        results.append(RunResult(specs[k], procs[k].returncode, time.monotonic() - started[k],
+        results.append(RunResult(specs[k], procs[k].returncode, ended.get(k, time.monotonic()) - started[k],
                                  {r: "\n".join(t) for r, t in sorted(outputs.items())}, "\n".join(launcher), metrics))
     if stopped == "interrupt":
         raise KeyboardInterrupt

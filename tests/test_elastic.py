@@ -154,6 +154,26 @@ def _processes_running(marker: str) -> list[psutil.Process]:
     return found
 
 
+def test_a_node_that_leaves_costs_the_other_a_restart_and_it_finishes_the_job_alone(train_script, tmp_path):
+    # node1 joins a second after node0 (which then hosts the rendezvous store) and leaves after an epoch at world 2
+    def epoch_at_world_size_2_done(elapsed_seconds):
+        return any(r.get("world_size") == 2 for r in course_lib.read_metrics(tmp_path, "epoch"))
+
+    results = torchrun_nodes(train_script, agents=2, nproc_per_node=1, nnodes="1:2", rdzv_conf="last_call_timeout=1",
+                             max_restarts=3, script_args=["--epochs", "8", "--max-steps", "8"], run_dir=tmp_path,
+                             start_after={1: 1.0}, stop_after={1: epoch_at_world_size_2_done}, check=False,
+                             timeout=LAUNCH_TIMEOUT, quiet=True)
+    node0, node1 = results
+    assert node0.ok and not node1.ok, "node1 was ended; node0 finished the job"
+    records = node0.events("epoch")
+    assert {r["epoch"] for r in records} == set(range(8)), "every epoch was finished"
+    assert any(r["world_size"] == 2 for r in records), "the two nodes trained together first"
+    left = next(i for i, r in enumerate(records) if r["world_size"] == 2)
+    after = [r for r in records[left:] if r["world_size"] == 1]
+    assert after and all(r["restart"] >= 1 for r in after), "alone again, after a restart (a leave costs one)"
+    assert records[-1]["world_size"] == 1 and records[-1]["epoch"] == 7
+
+
 def test_interrupting_a_two_agent_run_leaves_no_process(tmp_path, ctrl_c_raises):
     script = tmp_path / "sleeper.py"
     # Each worker says it is up with a file of its own, then sleeps far longer than the test waits.
