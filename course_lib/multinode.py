@@ -58,8 +58,8 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     ``nnodes``: torchrun's ``--nnodes`` for every agent (default ``agents``; ``"1:2"`` is elastic).
     ``start_after``: ``{node: seconds}`` or ``{node: condition(elapsed_seconds) -> bool}`` delays that
     node's start (a node joining a running job); the others start at once. ``stop_after``, in the same form, ends
-    that node (SIGTERM to its agent and workers, as when a machine is shut down: a node leaving the job). ``rdzv_conf`` is passed as
-    ``--rdzv-conf`` (e.g. ``"last_call_timeout=1"``). Returns one ``RunResult`` per started node; a
+    that node (SIGTERM to its agent and workers, as when a machine is shut down: a node leaving the job).
+    ``rdzv_conf`` is passed as ``--rdzv-conf`` (e.g. ``"last_call_timeout=1"``). Returns one ``RunResult`` per started node; a
     failing node raises ``LaunchError`` (``.results`` holds all of them) unless ``check=False``.
     """
     script, nproc_per_node = check_script(script), resolve_nproc(nproc_per_node)
