@@ -1,7 +1,6 @@
 """The checks' shared harness: how a check reports, calls the learner's function, launches their script."""
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 import torch
@@ -10,8 +9,6 @@ import torch
 #: Seconds a check lets a launched script run before stopping it (a hang is reported as a failure).
 LAUNCH_TIMEOUT = 240
 
-
-RESULT_PREFIX = "CHECK-RESULT "
 
 
 class CheckFailed(AssertionError):
@@ -98,7 +95,7 @@ def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: fl
                           "(the one starting with %%write_script) first, then this check.")
     if has_placeholder(script):
         raise not_attempted(task, f"the script {script}")  # known without launching it
-    print(f"Launching {script} on {nproc} processes:")
+    print(f"Launching {script} on {nproc} process{'es' if nproc != 1 else ''}:")
     try:
         result = torchrun(script, nproc=nproc, script_args=script_args, timeout=timeout, check=False,
                           max_restarts=max_restarts, env=env)
@@ -125,26 +122,143 @@ def rank_outputs(result) -> dict[int, str]:
     return dict(result.outputs)
 
 
-def rank_results(result) -> dict[int, dict]:
-    """The ``CHECK-RESULT {json}`` line each rank printed (the harness's report), by rank."""
-    found = {}
-    for rank, text in rank_outputs(result).items():
-        for line in text.splitlines():
-            if line.startswith(RESULT_PREFIX):
-                found[rank] = json.loads(line[len(RESULT_PREFIX):])
-    return found
+# --- the harness: the learner's code on every rank, its inputs and its report through the check --------------
+#
+# A check's verdict may not rest on anything the learner's code could have made up: that code runs in the same
+# process as the harness and could print or send whatever it likes. So the check itself draws each rank's inputs
+# at random (a batch, a seed, some values), and hands rank r its own over a socket on 127.0.0.1, once: a second
+# request for them (from the learner's code, or from anything else) is refused and fails the task. Every rank
+# holds its inputs before any learner code runs. The ranks send back raw results (gradients, parameters,
+# numbers), which the check compares, in its own process, with references it computes from all the inputs. A
+# result that depends on other ranks' inputs is therefore right only if the ranks really communicated.
+
+REPORT_LIMIT = 64 * 2**20  # bytes one rank may send back
+
+
+def _encode(value) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _receive(conn, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionError("closed early")
+        data += chunk
+    return data
+
+
+class InputServer:
+    """Gives rank r ``inputs[r]`` once, over 127.0.0.1, and keeps what it reports back (decoded as plain data)."""
+
+    def __init__(self, inputs: list):
+        import socket
+        import threading
+
+        self.inputs = [_encode(x) for x in inputs]
+        self.claimed, self.refused, self.reports, self.bad = set(), [], {}, {}
+        self._lock, self._threads, self._open = threading.Lock(), [], True
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while self._open:
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, conn) -> None:
+        import io
+
+        with conn:
+            conn.settimeout(LAUNCH_TIMEOUT + 60)
+            try:
+                rank = int(conn.recv(16).split(b"\n")[0])
+            except (ValueError, OSError):
+                rank = None
+            with self._lock:
+                fresh = rank is not None and 0 <= rank < len(self.inputs) and rank not in self.claimed
+                (self.claimed.add(rank) if fresh else self.refused.append(rank))
+            if not fresh:
+                return
+            try:
+                conn.sendall(len(self.inputs[rank]).to_bytes(8, "big") + self.inputs[rank])
+                size = int.from_bytes(_receive(conn, 8), "big")
+                if size > REPORT_LIMIT:
+                    raise ValueError(f"a report of {size:,} bytes (at most {REPORT_LIMIT:,})")
+                self.reports[rank] = torch.load(io.BytesIO(_receive(conn, size)), weights_only=True)
+            except ConnectionError:
+                pass  # the rank ended without reporting: the check says so
+            except Exception as exc:  # not plain data, too large
+                self.bad[rank] = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    def close(self) -> None:
+        self._open = False
+        self._accepting.join(timeout=2)
+        self.server.close()
+        for thread in self._threads:
+            thread.join(timeout=10)
 
 
 HARNESS = '''\
-"""Written by course_lib.teaching.checks for task {task}: calls your code in {learner} on every rank.
+"""Written by course_lib.teaching.checks for task {task}: runs your code in {learner} on every rank.
 
-Launch: torchrun --standalone --nproc-per-node 2 {this}
+The check launches it (torchrun, {nproc} processes) and gives each rank its inputs over 127.0.0.1:{port}, once;
+it does not run on its own.
 """
-import importlib.util
-import json
+import os  # os and sys are loaded before any script runs: no file beside this one can stand in for them
+import sys
 
-import torch
-import torch.distributed as dist
+# Nothing from this folder (where the learner's files are) may stand in for a module the harness imports.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+import importlib.util  # noqa: E402
+import io  # noqa: E402
+import socket  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def receive(conn, size):
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise RuntimeError("the check gave this rank no inputs: another process had asked for them first")
+        data += chunk
+    return data
+
+
+def claim_inputs(port):
+    conn = socket.create_connection(("127.0.0.1", port), timeout=120)
+    conn.sendall(("%s\\n" % os.environ["RANK"]).encode())
+    values = torch.load(io.BytesIO(receive(conn, int.from_bytes(receive(conn, 8), "big"))), weights_only=True)
+    conn.settimeout(None)
+    return conn, values
+
+
+def report(**values):
+    """Send this rank's results to the check (once): plain data, tensors included."""
+    buffer = io.BytesIO()
+    torch.save(values, buffer)
+    connection.sendall(len(buffer.getvalue()).to_bytes(8, "big") + buffer.getvalue())
 
 
 def load_learner_module(path):
@@ -154,13 +268,11 @@ def load_learner_module(path):
     return module
 
 
-def report(**values):
-    print({prefix!r} + json.dumps(values), flush=True)
-
-
-learner = load_learner_module({learner_path!r})
+connection, inputs = claim_inputs({port})
 dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
+dist.barrier()  # every rank holds its inputs before any learner code runs: a later request for them is refused
+learner = {load}
 try:
 {body}
     dist.barrier()  # no rank tears the group down while another still talks to it (gloo can abort then)
@@ -169,27 +281,63 @@ finally:
 '''
 
 
-def run_harness(task: str, learner_script, body: str, nproc: int = 2) -> dict[int, dict]:
-    """Launch a small script that imports the learner's file and runs ``body`` on every rank."""
+def run_harness(task: str, learner_script, body: str, nproc: int = 2, inputs: list | None = None,
+                load_learner: bool = True) -> dict[int, dict]:
+    """Launch a small script that runs ``body`` on every rank and return what each rank passed to ``report``.
+
+    ``inputs[r]`` (plain data: tensors, numbers, lists, dicts) is what ``body`` finds as ``inputs`` on rank r;
+    ``load_learner=False`` runs ``body`` without the learner's file (a measurement the check trusts).
+    """
     learner_script = Path(learner_script)
     if not learner_script.is_file():
         raise CheckFailed(f"Task {task}: there is no file {learner_script}. Run the cell that writes it "
                           "(the one starting with %%write_script) first, then this check.")
     if has_placeholder(learner_script):  # each harness task has a file of its own: not attempted yet
         raise not_attempted(task, f"{learner_script}")
-    harness = learner_script.with_name(f"_check_{learner_script.stem}.py")
-    text = HARNESS.format(task=task, learner=learner_script.name, learner_path=str(learner_script.resolve()),
-                           this=harness.as_posix(), prefix=RESULT_PREFIX,
-                           body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "))
+    server = InputServer(inputs if inputs is not None else [None] * nproc)
+    suffix = "" if load_learner else "_measure"
+    harness = learner_script.with_name(f"_check_{learner_script.stem}{suffix}.py")
+    text = HARNESS.format(task=task, learner=learner_script.name, nproc=nproc, port=server.port,
+                          load=f"load_learner_module({str(learner_script.resolve())!r})" if load_learner else "None",
+                          body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "))
     harness.write_text(text)
-    result = launch_script(task, harness, nproc=nproc)
-    found = rank_results(result)
-    missing = sorted(set(range(nproc)) - set(found))
+    try:
+        result = launch_script(task, harness, nproc=nproc)
+    finally:
+        server.close()
+    if server.refused:
+        raise CheckFailed(f"Task {task}: the inputs of rank(s) {sorted(set(map(str, server.refused)))} were asked "
+                          "for by a process other than the check's harness, and refused. Your code should only "
+                          "call the collectives; leave the harness's connection alone.")
+    if server.bad:
+        raise CheckFailed(f"Task {task}: rank(s) {sorted(server.bad)} sent back something the check cannot read: "
+                          + "; ".join(server.bad.values()))
+    missing = sorted(set(range(nproc)) - set(server.reports))
     if missing:
         outputs = rank_outputs(result)
         raise CheckFailed(f"Task {task}: rank(s) {missing} reported no result. Their output:\n"
                           + "\n".join(outputs.get(r, "")[-1000:] for r in missing))
-    return found
+    return server.reports
+
+
+def secret_seed() -> int:
+    """A seed drawn from the operating system's randomness: no submission can know it in advance."""
+    import secrets
+
+    return secrets.randbits(62)
+
+
+def secret_generator() -> torch.Generator:
+    return torch.Generator().manual_seed(secret_seed())
+
+
+def reported(task: str, rank: int, values: dict, key: str, like: torch.Tensor | None = None):
+    """``values[key]`` as a rank reported it; a missing key or a tensor of the wrong shape fails the task."""
+    value = values.get(key) if isinstance(values, dict) else None
+    if value is None or (like is not None and not (torch.is_tensor(value) and value.shape == like.shape)):
+        raise CheckFailed(f"Task {task}: rank {rank} reported no usable `{key}` "
+                          f"(got {type(value).__name__}): the check's harness did not run to its end on that rank.")
+    return value
 
 
 def reference_accuracy(seed: int = 0) -> tuple[float, int]:

@@ -6,22 +6,25 @@ import re
 from pathlib import Path
 import torch
 
-from .harness import Report, call, launch_script, rank_outputs, reference_accuracy, reference_top3, run_harness
+from .harness import (Report, launch_script, rank_outputs, reference_accuracy, reference_top3, reported, run_harness,
+                      secret_seed)
 
 
 def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
     """Task 02.1: ``evaluate`` (lesson 02's signature) counts every validation sample exactly once at any world size."""
     report = Report("02.1", "evaluate(model, val_set, rank, world_size, device, batch_size) at "
                     + " and ".join(f"{n}" for n in nprocs) + " processes")
-    want_acc, want_count = reference_accuracy()
-    want_acc3 = reference_top3()
-    print(f"  (one process over all {want_count} samples: top-1 {want_acc:.4f}, top-3 {want_acc3:.4f})")
     for nproc in nprocs:
+        seed = secret_seed()  # the weights of the model evaluated: only the check knows them in advance
+        want_acc, want_count = reference_accuracy(seed)
+        want_acc3 = reference_top3(seed)
+        print(f"  (a model only this check knows, in one process over all {want_count} samples: "
+              f"top-1 {want_acc:.4f}, top-3 {want_acc3:.4f})")
         found = run_harness("02.1", script, """
             from torch.utils.data import TensorDataset
             from course_lib import MyModel, mnist_tensors
 
-            torch.manual_seed(0)
+            torch.manual_seed(inputs["seed"])
             model = MyModel().eval()
             val_set = TensorDataset(*mnist_tensors(train=False))
             metrics = learner.evaluate(model, val_set, rank, world_size, torch.device("cpu"), 256)
@@ -30,9 +33,10 @@ def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
                                 "val_correct and val_count")
             report(accuracy=float(metrics["val_acc"]), accuracy3=float(metrics["val_acc3"]),
                    correct=int(metrics["val_correct"]), count=int(metrics["val_count"]))
-        """, nproc=nproc)
+        """, nproc=nproc, inputs=[{"seed": seed}] * nproc)
         for rank, values in sorted(found.items()):
-            count, acc = values["count"], values["accuracy"]
+            count, acc, acc3, correct = (reported("02.1", rank, values, key)
+                                         for key in ("count", "accuracy", "accuracy3", "correct"))
             where = f"{nproc} processes, rank {rank}"
             if count == want_count:
                 report.ok(f"{where}: count = {count}")
@@ -49,11 +53,11 @@ def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
                           f"{where}: accuracy {acc:.4f}, expected {want_acc:.4f}",
                           "Accuracy = all correct predictions / all samples, summed over ranks before dividing "
                           "(an average of per-batch or per-rank accuracies is biased).")
-            report.expect(abs(values["accuracy3"] - want_acc3) < 6e-4, f"{where}: top-3 {values['accuracy3']:.4f}",
-                          f"{where}: top-3 {values['accuracy3']:.4f}, expected {want_acc3:.4f}",
+            report.expect(abs(acc3 - want_acc3) < 6e-4, f"{where}: top-3 {acc3:.4f}",
+                          f"{where}: top-3 {acc3:.4f}, expected {want_acc3:.4f}",
                           "Top-3: the label is among the 3 largest outputs (topk(3)); count those like the top-1 hits.")
-            report.expect(values["correct"] == round(acc * count), f"{where}: val_correct = {values['correct']}",
-                          f"{where}: val_correct = {values['correct']}, but val_acc x val_count = {acc * count:.1f}",
+            report.expect(correct == round(acc * count), f"{where}: val_correct = {correct}",
+                          f"{where}: val_correct = {correct}, but val_acc x val_count = {acc * count:.1f}",
                           "val_correct is the number of correct top-1 predictions over all ranks.")
     report.done()
 

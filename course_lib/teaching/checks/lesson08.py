@@ -1,33 +1,64 @@
-"""Checks of lesson 08 (inside DDP): a DDP that overlaps and accumulates, a communication hook that counts."""
+"""Checks of lesson 08 (inside DDP): a DDP that overlaps and accumulates, a communication hook that counts.
+
+Each rank gets only its own rows of batches the check draws at random (``harness.run_harness``), and the check
+compares the parameters the ranks end with against one process trained, here, on the whole batches.
+"""
 from __future__ import annotations
 
-from .harness import Report, run_harness
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-# The models and the spy on dist.all_reduce that both checks' harnesses share (they run inside the launch).
-_MODELS = """
+from .harness import Report, reported, run_harness, secret_generator, secret_seed
+
+STEPS, ROWS = 3, 4  # optimizer steps per case; rows of each micro-batch on each rank (task 08.1)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def frozen():
+    model = mlp()
+    model[0].bias.requires_grad_(False)
+    return model
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.a, self.b, self.out = nn.Linear(20, 64), nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 10)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x)))))))
+
+
+MODELS = {"mlp": mlp, "frozen bias": frozen, "tied weights": Tied}
+
+
+def _batches(g, size):
+    return [(torch.randn(size, 20, generator=g), torch.randint(0, 10, (size,), generator=g)) for _ in range(STEPS)]
+
+
+def _one_process(make, seed, batches, momentum=0.9):
+    """``make()`` seeded with ``seed``, trained with SGD on each whole batch in turn: what DDP must equal."""
+    torch.manual_seed(seed)
+    model = make()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=momentum)
+    for images, labels in batches:
+        optimizer.zero_grad()
+        F.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+    return model
+
+
+# The spy on dist.all_reduce that both checks' harnesses install (it runs inside the launch).
+_SPY = """
     import contextlib
     import torch.nn.functional as F
-    from torch import nn
+    from course_lib.teaching.checks.lesson08 import MODELS, mlp
 
-    def mlp():
-        return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-
-    def frozen():
-        model = mlp()
-        model[0].bias.requires_grad_(False)
-        return model
-
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inp, self.a, self.b, self.out = (nn.Linear(20, 64), nn.Linear(64, 64), nn.Linear(64, 64),
-                                                  nn.Linear(64, 10))
-            self.b.weight = self.a.weight
-
-        def forward(self, x):
-            return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x)))))))
-
-    MODELS = {"mlp": mlp, "frozen bias": frozen, "tied weights": Tied}
     calls, in_backward = [], [False]
     real_all_reduce = dist.all_reduce
 
@@ -36,51 +67,57 @@ _MODELS = """
         return real_all_reduce(tensor, *args, **kwargs)
 
     dist.all_reduce = spy
-
-    def batch_of(step, size):
-        g = torch.Generator().manual_seed(step)
-        return torch.randn(size, 20, generator=g), torch.randint(0, 10, (size,), generator=g)
 """
 
 
 def check_overlapped_ddp(script, nproc: int = 2) -> None:
     """Task 08.1: ``OverlappedDDP`` equals one process on the whole batch, sends during backward, honours no_sync."""
     report = Report("08.1", f"OverlappedDDP on {nproc} processes against one process on the whole batch")
-    found = run_harness("08.1", script, _MODELS + """
-    def train(make, k, steps=3, batch=4):
-        torch.manual_seed(0)
-        reference = make()
-        torch.manual_seed(0 if rank == 0 else 100 + rank)  # other ranks start elsewhere: only a broadcast helps
+    g = secret_generator()
+    seeds = [secret_seed() for _ in range(nproc)]  # other ranks start elsewhere: only a broadcast helps
+    whole = {k: _batches(g, k * nproc * ROWS) for k in (1, 4)}  # step by step, micro-batch by micro-batch
+
+    def rows(k, rank):  # rank's rows of each micro-batch: (micro * world_size + rank) * ROWS onwards
+        return [[(x[(m * nproc + rank) * ROWS:(m * nproc + rank + 1) * ROWS], y[(m * nproc + rank) * ROWS:
+                 (m * nproc + rank + 1) * ROWS]) for m in range(k)] for x, y in whole[k]]
+
+    inputs = [{"seed": seeds[r], "micro": {str(k): rows(k, r) for k in whole}} for r in range(nproc)]
+    found = run_harness("08.1", script, _SPY + """
+    def train(make, k):
+        torch.manual_seed(inputs["seed"])
         model = make()
         ours = learner.OverlappedDDP(model)
-        opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
         opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
         calls.clear()
-        worst = 0.0
-        for step in range(steps):
-            images, labels = batch_of(step, k * world_size * batch)
-            opt_ref.zero_grad()
-            F.cross_entropy(reference(images), labels).backward()
-            opt_ref.step()
+        steps = inputs["micro"][str(k)]
+        for micro_batches in steps:
             opt.zero_grad()
-            for micro in range(k):
-                rows = slice((micro * world_size + rank) * batch, (micro * world_size + rank + 1) * batch)
+            for micro, (images, labels) in enumerate(micro_batches):
                 with ours.no_sync() if micro < k - 1 else contextlib.nullcontext():
-                    loss = F.cross_entropy(ours(images[rows]), labels[rows]) / k
+                    loss = F.cross_entropy(ours(images), labels) / k
                     in_backward[0] = True
                     loss.backward()
                     in_backward[0] = False
             ours.sync_gradients()
             opt.step()
-            worst = max(worst, max((p - q).abs().max().item()
-                                   for p, q in zip(reference.parameters(), model.parameters())))
-        return {"worst": worst, "calls_per_step": len(calls) / steps, "async": all(c["async"] for c in calls),
+        return {"parameters": [p.detach().clone() for p in model.parameters()],
+                "calls_per_step": len(calls) / len(steps), "async": all(c["async"] for c in calls),
                 "in_backward": all(c["in_backward"] for c in calls),
                 "params": sum(1 for p in model.parameters() if p.requires_grad)}
 
     report(**{f"{name} k={k}": train(make, k) for name, make in MODELS.items() for k in (1, 4)})
-    """, nproc=nproc)
-    for rank, cases in sorted(found.items()):
+    """, nproc=nproc, inputs=inputs)
+    references = {f"{name} k={k}": list(_one_process(make, seeds[0], whole[k]).parameters())
+                  for name, make in MODELS.items() for k in (1, 4)}
+    for rank, values in sorted(found.items()):
+        cases = {}
+        for case, want in references.items():
+            r = reported("08.1", rank, values, case)
+            got = r.get("parameters") if isinstance(r, dict) else None
+            if not isinstance(got, list) or [t.shape for t in got if torch.is_tensor(t)] != [w.shape for w in want]:
+                report.stop(f"rank {rank}, {case}: the harness reported no parameters of the right shapes",
+                            "Keep the model's parameters as they are: OverlappedDDP wraps the model it is given.")
+            cases[case] = dict(r, worst=max((p.float() - q).abs().max().item() for p, q in zip(got, want)))
         failures = len(report.failures)
         for case, r in cases.items():
             where = f"rank {rank}, {case}"
@@ -113,45 +150,47 @@ def check_overlapped_ddp(script, nproc: int = 2) -> None:
 def check_counting_hook(script, nproc: int = 2) -> None:
     """Task 08.2: DDP with ``counting_allreduce_hook`` trains as plain DDP does and counts its buckets and bytes."""
     report = Report("08.2", f"counting_allreduce_hook registered on DDP, {nproc} processes")
-    found = run_harness("08.2", script, _MODELS + """
+    g = secret_generator()
+    whole = _batches(g, nproc * 8)
+    inputs = [[(x[r::nproc], y[r::nproc]) for x, y in whole] for r in range(nproc)]  # each rank's rows only
+    found = run_harness("08.2", script, _SPY + """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    def trained(hook, steps=3):
-        torch.manual_seed(0)
-        ddp = DDP(mlp(), bucket_cap_mb=0.01)  # 2 buckets once DDP has rebuilt them after the first step
-        state = {"buckets": 0, "bytes": 0}
-        if hook is not None:
-            ddp.register_comm_hook(state, hook)
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-        for step in range(steps):
-            images, labels = batch_of(step, world_size * 8)
-            optimizer.zero_grad()
-            F.cross_entropy(ddp(images[rank::world_size]), labels[rank::world_size]).backward()
-            optimizer.step()
-        return ddp.module, state
-
-    plain, _ = trained(None)
-    calls.clear()
-    hooked, state = trained(learner.counting_allreduce_hook)
-    report(worst=max((p - q).abs().max().item() for p, q in zip(plain.parameters(), hooked.parameters())),
-           state={k: state.get(k) for k in ("buckets", "bytes")}, all_reduces=len(calls),
-           grad_bytes=sum(p.numel() * p.element_size() for p in plain.parameters()))
-    """, nproc=nproc)
-    steps = 3
+    torch.manual_seed(0)
+    ddp = DDP(mlp(), bucket_cap_mb=0.01)  # 2 buckets once DDP has rebuilt them after the first step
+    state = {"buckets": 0, "bytes": 0}
+    ddp.register_comm_hook(state, learner.counting_allreduce_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    for images, labels in inputs:
+        optimizer.zero_grad()
+        F.cross_entropy(ddp(images), labels).backward()
+        optimizer.step()
+    report(parameters=[p.detach().clone() for p in ddp.module.parameters()], all_reduces=len(calls),
+           state={k: state.get(k) for k in ("buckets", "bytes")})
+    """, nproc=nproc, inputs=inputs)
+    want = list(_one_process(mlp, 0, whole).parameters())
+    grad_bytes = sum(p.numel() * p.element_size() for p in want)
+    steps = STEPS
     for rank, r in sorted(found.items()):
         where = f"rank {rank}"
-        report.expect(r["worst"] < 1e-6, f"{where}: the parameters equal plain DDP's after {steps} steps",
-                      f"{where}: the parameters differ from plain DDP's by up to {r['worst']:.2e}",
+        got = reported("08.2", rank, r, "parameters")
+        if not isinstance(got, list) or [t.shape for t in got if torch.is_tensor(t)] != [w.shape for w in want]:
+            report.stop(f"{where}: the harness reported no parameters of the right shapes")
+        worst = max((p.float() - q).abs().max().item() for p, q in zip(got, want))
+        report.expect(worst < 1e-5, f"{where}: the parameters equal one process's on the whole batches after "
+                      f"{steps} steps (max difference {worst:.1e}), as plain DDP's do",
+                      f"{where}: the parameters differ from one process's on the whole batches by up to {worst:.2e}",
                       "The hook must hand back the average, not the sum: divide the buffer by the world size.")
-        report.expect(r["all_reduces"] >= steps, f"{where}: the hook sent with dist.all_reduce ({r['all_reduces']} "
-                      "calls)", f"{where}: dist.all_reduce was called {r['all_reduces']} times in {steps} steps",
+        all_reduces, state = reported("08.2", rank, r, "all_reduces"), reported("08.2", rank, r, "state")
+        report.expect(all_reduces >= steps, f"{where}: the hook sent with dist.all_reduce ({all_reduces} "
+                      "calls)", f"{where}: dist.all_reduce was called {all_reduces} times in {steps} steps",
                       "Send the bucket's buffer with dist.all_reduce(..., async_op=True).")
-        buckets, sent = r["state"]["buckets"], r["state"]["bytes"]
-        report.expect(buckets == r["all_reduces"], f"{where}: state['buckets'] = {buckets}, one per bucket sent",
-                      f"{where}: state['buckets'] = {buckets}, but {r['all_reduces']} buckets were sent",
+        buckets, sent = state.get("buckets"), state.get("bytes")
+        report.expect(buckets == all_reduces, f"{where}: state['buckets'] = {buckets}, one per bucket sent",
+                      f"{where}: state['buckets'] = {buckets}, but {all_reduces} buckets were sent",
                       "Add 1 to state['buckets'] each time the hook is called.")
-        report.expect(sent == steps * r["grad_bytes"], f"{where}: state['bytes'] = {sent:,} ({steps} steps x "
-                      f"{r['grad_bytes']:,} bytes of gradients)", f"{where}: state['bytes'] = {sent}, expected "
-                      f"{steps * r['grad_bytes']:,} ({steps} steps of {r['grad_bytes']:,} bytes)",
+        report.expect(sent == steps * grad_bytes, f"{where}: state['bytes'] = {sent:,} ({steps} steps x "
+                      f"{grad_bytes:,} bytes of gradients)", f"{where}: state['bytes'] = {sent}, expected "
+                      f"{steps * grad_bytes:,} ({steps} steps of {grad_bytes:,} bytes)",
                       "Count the bucket buffer's bytes: numel() * element_size().")
     report.done()
