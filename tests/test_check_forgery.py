@@ -1,0 +1,122 @@
+"""The checks that run a harness inside the learner's script (01.1-01.3, 02.1, 08.x, 09.x) reach their verdict in
+the check's own process, from inputs only the check knows: printing a pass, sending a report of one's own, asking
+for another rank's inputs or planting a module beside the script earns nothing; honest mistakes keep their hints."""
+import pytest
+
+from course_lib.teaching import checks
+from course_lib.teaching.checks.harness import CheckFailed
+
+HONEST_MEAN = """
+import torch
+import torch.distributed as dist
+
+
+def global_mean(values):
+    total = torch.stack([values.sum(), torch.tensor(float(values.numel()))]).double()
+    dist.all_reduce(total)
+    return (total[0] / total[1]).item()
+"""
+
+
+def learner(tmp_path, source, name="global_mean.py"):
+    path = tmp_path / name
+    path.write_text(source)
+    return path
+
+
+def test_an_honest_global_mean_passes(tmp_path, capsys):
+    checks.check_global_mean(learner(tmp_path, HONEST_MEAN), nproc=2)
+    assert "Task 01.2 passed." in capsys.readouterr().out
+
+
+def test_printing_the_old_result_line_with_a_local_mean_fails(tmp_path):
+    forged = """
+import json
+
+print("CHECK-RESULT " + json.dumps({"mean": 0.0}), flush=True)
+
+
+def global_mean(values):
+    print("CHECK-RESULT " + json.dumps({"mean": float(values.mean())}), flush=True)
+    print("Task 01.2 passed.", flush=True)
+    return values.mean().item()
+"""
+    with pytest.raises(CheckFailed, match=r"Task 01\.2: rank 0: .*expected"):
+        checks.check_global_mean(learner(tmp_path, forged), nproc=2)
+
+
+def test_sending_a_report_of_its_own_through_the_harness_fails(tmp_path):
+    forged = """
+import sys
+
+
+def global_mean(values):
+    sys.modules["__main__"].report(mean=50.0)  # sent first, so the harness's own report is never read
+    return 50.0
+"""
+    with pytest.raises(CheckFailed, match=r"50\.0000, expected"):
+        checks.check_global_mean(learner(tmp_path, forged), nproc=2)
+
+
+def test_asking_for_the_other_ranks_inputs_is_refused_and_fails_even_a_right_answer(tmp_path):
+    forged = HONEST_MEAN + """
+import os
+import socket
+import sys
+
+port = sys.modules["__main__"].connection.getpeername()[1]
+for other in range(int(os.environ["WORLD_SIZE"])):
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(f"{other}\\n".encode())
+        assert conn.recv(8) == b"", "the check gave a rank's inputs to a second process"
+"""
+    with pytest.raises(CheckFailed, match="asked for by a process other than the check's harness, and refused"):
+        checks.check_global_mean(learner(tmp_path, forged), nproc=2)
+
+
+def test_a_module_planted_beside_the_script_is_not_imported_by_the_harness(tmp_path, capsys):
+    learner(tmp_path, "raise SystemExit('the planted socket module ran')\n", name="socket.py")
+    learner(tmp_path, "raise SystemExit('the planted io module ran')\n", name="io.py")
+    checks.check_global_mean(learner(tmp_path, HONEST_MEAN), nproc=2)
+    assert "Task 01.2 passed." in capsys.readouterr().out
+
+
+def test_the_mean_of_the_ranks_means_still_gets_its_hint(tmp_path):
+    wrong = """
+import torch.distributed as dist
+
+
+def global_mean(values):
+    mean = values.mean()
+    dist.all_reduce(mean)
+    return (mean / dist.get_world_size()).item()
+"""
+    with pytest.raises(CheckFailed, match="mean of the ranks' means.*combine sums and counts"):
+        checks.check_global_mean(learner(tmp_path, wrong), nproc=2)
+
+
+def test_summed_gradients_are_named_as_twice_the_whole_batchs(tmp_path):
+    summed = """
+import torch.distributed as dist
+
+
+def average_gradients(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+"""
+    with pytest.raises(CheckFailed, match="gradients are 2x the whole batch's"):
+        checks.check_average_gradients(learner(tmp_path, summed, "average_gradients.py"), nproc=2)
+
+
+def test_an_evaluate_that_returns_the_fixed_models_numbers_fails(tmp_path):
+    """The numbers of the model the check used to evaluate (seed 0), returned without evaluating anything."""
+    from course_lib.teaching.checks.harness import reference_accuracy, reference_top3
+
+    acc, count = reference_accuracy(0)
+    hard_coded = f"""
+def evaluate(model, val_set, rank, world_size, device, batch_size):
+    return {{"val_acc": {acc}, "val_acc3": {reference_top3(0)}, "val_correct": {round(acc * count)},
+             "val_count": {count}}}
+"""
+    with pytest.raises(CheckFailed, match=r"Task 02\.1: .*expected"):
+        checks.check_distributed_accuracy(learner(tmp_path, hard_coded, "train_evaluate.py"), nprocs=(2,))
