@@ -120,3 +120,44 @@ def evaluate(model, val_set, rank, world_size, device, batch_size):
 """
     with pytest.raises(CheckFailed, match=r"Task 02\.1: .*expected"):
         checks.check_distributed_accuracy(learner(tmp_path, hard_coded, "train_evaluate.py"), nprocs=(2,))
+
+
+WHOLE_SET_ON_EVERY_RANK = """
+import torch
+
+
+def evaluate(model, val_set, rank, world_size, device, batch_size):
+    images, labels = val_set.tensors  # every rank scores all of it, and needs no communication
+    with torch.no_grad():
+        hits = model(images).topk(3, dim=1).indices == labels[:, None]
+    correct = int(hits[:, 0].sum())
+    return {"val_acc": correct / len(labels), "val_acc3": hits.any(dim=1).float().mean().item(),
+            "val_correct": correct, "val_count": len(labels)}
+"""
+
+
+def test_an_evaluate_that_scores_the_whole_set_on_every_rank_fails_with_its_hint(tmp_path):
+    """With one model on every rank this gets one process's numbers; each rank's own labels expose it."""
+    with pytest.raises(CheckFailed, match=r"Task 02\.1: .*accuracy .*expected.*Every rank scored the whole val_set"):
+        checks.check_distributed_accuracy(learner(tmp_path, WHOLE_SET_ON_EVERY_RANK, "train_evaluate.py"),
+                                          nprocs=(2,))
+
+
+def test_the_check_accepts_contiguous_blocks_as_well_as_the_strided_split(tmp_path, capsys):
+    blocks = """
+import torch
+import torch.distributed as dist
+
+
+def evaluate(model, val_set, rank, world_size, device, batch_size):
+    images, labels = val_set.tensors
+    share = torch.tensor_split(torch.arange(len(labels)), world_size)[rank]
+    with torch.no_grad():
+        hits = model(images[share]).topk(3, dim=1).indices == labels[share, None]
+    counts = torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum(), torch.tensor(len(share))]).double()
+    dist.all_reduce(counts)
+    correct, correct3, seen = (int(c) for c in counts.tolist())
+    return {"val_acc": correct / seen, "val_acc3": correct3 / seen, "val_correct": correct, "val_count": seen}
+"""
+    checks.check_distributed_accuracy(learner(tmp_path, blocks, "train_evaluate.py"), nprocs=(3,))
+    assert "Task 02.1 passed." in capsys.readouterr().out

@@ -6,34 +6,66 @@ import re
 from pathlib import Path
 import torch
 
-from .harness import (Report, launch_script, rank_outputs, reference_accuracy, reference_top3, reported, run_harness,
-                      secret_seed)
+from .harness import Report, launch_script, rank_outputs, reported, run_harness, secret_seed
+
+
+BATCH = 256  # the batch size the check passes to ``evaluate``
+
+
+def shares(count: int, nproc: int, batch_size: int = BATCH) -> list[torch.Tensor]:
+    """For each rank, which samples it may score: its share under a split that counts each sample once.
+
+    Three splits are accepted: strided (``range(rank, N, world_size)``, the course's), contiguous blocks,
+    and every ``world_size``-th batch. A sample outside all three of rank r's shares belongs to another rank.
+    """
+    index = torch.arange(count)
+    block = torch.empty(count, dtype=torch.long)
+    for r, part in enumerate(torch.tensor_split(index, nproc)):
+        block[part] = r
+    return [(index % nproc == r) | (block == r) | ((index // batch_size) % nproc == r) for r in range(nproc)]
 
 
 def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
-    """Task 02.1: ``evaluate`` (lesson 02's signature) counts every validation sample exactly once at any world size."""
-    report = Report("02.1", "evaluate(model, val_set, rank, world_size, device, batch_size) at "
+    """Task 02.1: ``evaluate`` (lesson 02's signature) counts every validation sample exactly once at any world size.
+
+    The model's weights are secret, and so are the labels: rank r's ``val_set`` has the true label only in its
+    own share (see ``shares``); elsewhere it has the class the model ranks last. So a rank that scores samples
+    of another rank's share counts them wrong, and only a sharded evaluation whose counts are combined across
+    ranks gets the numbers of one process over the whole set.
+    """
+    from course_lib.data import mnist_tensors
+    from course_lib.model import MyModel
+
+    report = Report("02.1", f"evaluate(model, val_set, rank, world_size, device, batch_size={BATCH}) at "
                     + " and ".join(f"{n}" for n in nprocs) + " processes")
+    X, y = mnist_tensors(train=False)
     for nproc in nprocs:
         seed = secret_seed()  # the weights of the model evaluated: only the check knows them in advance
-        want_acc, want_count = reference_accuracy(seed)
-        want_acc3 = reference_top3(seed)
+        torch.manual_seed(seed)
+        model = MyModel().eval()
+        with torch.no_grad():
+            logits = torch.cat([model(X[i:i + 2000]) for i in range(0, len(y), 2000)])
+        top3 = logits.topk(3, dim=1).indices == y[:, None]
+        want_count = len(y)
+        want_acc, want_acc3 = top3[:, 0].double().mean().item(), top3.any(dim=1).double().mean().item()
+        labels = [torch.where(own, y, logits.argmin(1)) for own in shares(len(y), nproc)]
+        whole = [(logits.argmax(1) == labels[r]).double().mean().item() for r in range(nproc)]
         print(f"  (a model only this check knows, in one process over all {want_count} samples: "
               f"top-1 {want_acc:.4f}, top-3 {want_acc3:.4f})")
-        found = run_harness("02.1", script, """
+        found = run_harness("02.1", script, f"""
             from torch.utils.data import TensorDataset
             from course_lib import MyModel, mnist_tensors
 
             torch.manual_seed(inputs["seed"])
             model = MyModel().eval()
-            val_set = TensorDataset(*mnist_tensors(train=False))
-            metrics = learner.evaluate(model, val_set, rank, world_size, torch.device("cpu"), 256)
+            val_set = TensorDataset(mnist_tensors(train=False)[0], inputs["labels"])
+            metrics = learner.evaluate(model, val_set, rank, world_size, torch.device("cpu"), {BATCH})
             if not isinstance(metrics, dict):
-                raise TypeError(f"evaluate returned {type(metrics).__name__}, not the dict of val_acc, val_acc3, "
+                raise TypeError(f"evaluate returned {{type(metrics).__name__}}, not the dict of val_acc, val_acc3, "
                                 "val_correct and val_count")
             report(accuracy=float(metrics["val_acc"]), accuracy3=float(metrics["val_acc3"]),
                    correct=int(metrics["val_correct"]), count=int(metrics["val_count"]))
-        """, nproc=nproc, inputs=[{"seed": seed}] * nproc)
+        """, nproc=nproc, inputs=[{"seed": seed, "labels": labels[r]} for r in range(nproc)])
         for rank, values in sorted(found.items()):
             count, acc, acc3, correct = (reported("02.1", rank, values, key)
                                          for key in ("count", "accuracy", "accuracy3", "correct"))
@@ -49,8 +81,14 @@ def check_distributed_accuracy(script, nprocs=(2, 3)) -> None:
                             "Each rank sees only its shard: combine the counts of all ranks.")
             else:
                 report.fail(f"{where}: count = {count}, expected {want_count}")
+            scored_all = abs(acc - want_acc) >= 6e-4 and min(
+                abs(acc - whole[rank]), abs(acc - sum(whole) / nproc)) < 6e-4
             report.expect(abs(acc - want_acc) < 6e-4, f"{where}: accuracy {acc:.4f}",
                           f"{where}: accuracy {acc:.4f}, expected {want_acc:.4f}",
+                          "Every rank scored the whole val_set. This check gives each rank labels that are right "
+                          "only in its own share, as if the ranks held different data: rank r scores "
+                          "range(rank, len(val_set), world_size) only, and the ranks combine their counts."
+                          if scored_all else
                           "Accuracy = all correct predictions / all samples, summed over ranks before dividing "
                           "(an average of per-batch or per-rank accuracies is biased).")
             report.expect(abs(acc3 - want_acc3) < 6e-4, f"{where}: top-3 {acc3:.4f}",
