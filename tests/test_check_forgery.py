@@ -1,6 +1,8 @@
 """The checks that run a harness inside the learner's script (01.1-01.3, 02.1, 08.x, 09.x) reach their verdict in
 the check's own process, from inputs only the check knows: printing a pass, sending a report of one's own, asking
 for another rank's inputs or planting a module beside the script earns nothing; honest mistakes keep their hints."""
+import re
+
 import pytest
 
 from course_lib.teaching import checks
@@ -161,3 +163,31 @@ def evaluate(model, val_set, rank, world_size, device, batch_size):
 """
     checks.check_distributed_accuracy(learner(tmp_path, blocks, "train_evaluate.py"), nprocs=(3,))
     assert "Task 02.1 passed." in capsys.readouterr().out
+
+
+HOOK = """
+import torch
+import torch.distributed as dist
+
+
+def counting_allreduce_hook(state, bucket):
+    buffer = bucket.buffer()
+    state["buckets"] += {buckets}
+    state["bytes"] += buffer.numel() * buffer.element_size()
+    {extra}
+    buffer.div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+"""
+
+
+def test_a_hook_count_is_judged_against_the_checks_own_count_not_the_calls_seen_in_the_learners_process(tmp_path,
+                                                                                                         capsys):
+    checks.check_counting_hook(learner(tmp_path, HOOK.format(buckets=1, extra=""), "hook.py"), nproc=2)
+    assert "Task 08.2 passed." in capsys.readouterr().out
+    # Counting each bucket twice and making as many all_reduce calls (a second, empty one) matched the count the
+    # learner's own process saw; the check's own DDP, in a launch without this file, sent half as many.
+    padded = HOOK.format(buckets=2, extra="dist.all_reduce(torch.zeros(1))")
+    with pytest.raises(CheckFailed, match=r"state\['buckets'\] = \d+, but DDP sent \d+ buckets") as failed:
+        checks.check_counting_hook(learner(tmp_path, padded, "padded.py"), nproc=2)
+    counted, sent = map(int, re.search(r"= (\d+), but DDP sent (\d+)", str(failed.value)).groups())
+    assert counted == 2 * sent > 0

@@ -53,7 +53,7 @@ def _one_process(make, seed, batches, momentum=0.9):
     return model
 
 
-# The spy on dist.all_reduce that both checks' harnesses install (it runs inside the launch).
+# The spy on dist.all_reduce that task 08.1's harness installs (it runs inside the launch).
 _SPY = """
     import contextlib
     import torch.nn.functional as F
@@ -153,24 +153,34 @@ def check_counting_hook(script, nproc: int = 2) -> None:
     g = secret_generator()
     whole = _batches(g, nproc * 8)
     inputs = [[(x[r::nproc], y[r::nproc]) for x, y in whole] for r in range(nproc)]  # each rank's rows only
-    found = run_harness("08.2", script, _SPY + """
+    train = """
+    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from course_lib.teaching.checks.lesson08 import mlp
 
     torch.manual_seed(0)
     ddp = DDP(mlp(), bucket_cap_mb=0.01)  # 2 buckets once DDP has rebuilt them after the first step
     state = {"buckets": 0, "bytes": 0}
-    ddp.register_comm_hook(state, learner.counting_allreduce_hook)
+    ddp.register_comm_hook(state, HOOK)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     for images, labels in inputs:
         optimizer.zero_grad()
         F.cross_entropy(ddp(images), labels).backward()
         optimizer.step()
-    report(parameters=[p.detach().clone() for p in ddp.module.parameters()], all_reduces=len(calls),
+    report(parameters=[p.detach().clone() for p in ddp.module.parameters()],
            state={k: state.get(k) for k in ("buckets", "bytes")})
-    """, nproc=nproc, inputs=inputs)
+    """
+    # What was really sent: the same DDP with the check's own counting hook, in a launch without your file.
+    sent = run_harness("08.2", script, """
+    def counted(state, bucket):
+        state["buckets"] += 1
+        state["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0] / world_size)
+    """ + train.replace("HOOK", "counted"), nproc=nproc, inputs=inputs, load_learner=False)[0]["state"]
+    found = run_harness("08.2", script, train.replace("HOOK", "learner.counting_allreduce_hook"), nproc=nproc,
+                        inputs=inputs)
     want = list(_one_process(mlp, 0, whole).parameters())
-    grad_bytes = sum(p.numel() * p.element_size() for p in want)
-    steps = STEPS
     for rank, r in sorted(found.items()):
         where = f"rank {rank}"
         got = reported("08.2", rank, r, "parameters")
@@ -178,19 +188,18 @@ def check_counting_hook(script, nproc: int = 2) -> None:
             report.stop(f"{where}: the harness reported no parameters of the right shapes")
         worst = max((p.float() - q).abs().max().item() for p, q in zip(got, want))
         report.expect(worst < 1e-5, f"{where}: the parameters equal one process's on the whole batches after "
-                      f"{steps} steps (max difference {worst:.1e}), as plain DDP's do",
+                      f"{STEPS} steps (max difference {worst:.1e}), as plain DDP's do",
                       f"{where}: the parameters differ from one process's on the whole batches by up to {worst:.2e}",
-                      "The hook must hand back the average, not the sum: divide the buffer by the world size.")
-        all_reduces, state = reported("08.2", rank, r, "all_reduces"), reported("08.2", rank, r, "state")
-        report.expect(all_reduces >= steps, f"{where}: the hook sent with dist.all_reduce ({all_reduces} "
-                      "calls)", f"{where}: dist.all_reduce was called {all_reduces} times in {steps} steps",
-                      "Send the bucket's buffer with dist.all_reduce(..., async_op=True).")
-        buckets, sent = state.get("buckets"), state.get("bytes")
-        report.expect(buckets == all_reduces, f"{where}: state['buckets'] = {buckets}, one per bucket sent",
-                      f"{where}: state['buckets'] = {buckets}, but {all_reduces} buckets were sent",
+                      "Each rank trains on its own rows: the hook must all_reduce the bucket's buffer and hand back "
+                      "the average, the sum divided by the world size.")
+        state = reported("08.2", rank, r, "state")
+        buckets, nbytes = state.get("buckets"), state.get("bytes")
+        report.expect(buckets == sent["buckets"], f"{where}: state['buckets'] = {buckets}, one per bucket sent in "
+                      f"{STEPS} steps", f"{where}: state['buckets'] = {buckets}, but DDP sent {sent['buckets']} "
+                      f"buckets in {STEPS} steps (counted by the check's own hook)",
                       "Add 1 to state['buckets'] each time the hook is called.")
-        report.expect(sent == steps * grad_bytes, f"{where}: state['bytes'] = {sent:,} ({steps} steps x "
-                      f"{grad_bytes:,} bytes of gradients)", f"{where}: state['bytes'] = {sent}, expected "
-                      f"{steps * grad_bytes:,} ({steps} steps of {grad_bytes:,} bytes)",
+        report.expect(nbytes == sent["bytes"], f"{where}: state['bytes'] = {nbytes:,} ({STEPS} steps of "
+                      f"{sent['bytes'] // STEPS:,} bytes of gradients)", f"{where}: state['bytes'] = {nbytes}, "
+                      f"expected {sent['bytes']:,} ({STEPS} steps of {sent['bytes'] // STEPS:,} bytes)",
                       "Count the bucket buffer's bytes: numel() * element_size().")
     report.done()
