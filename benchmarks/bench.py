@@ -52,7 +52,8 @@ DEFAULT_OUT = ROOT / "notebooks" / "runs" / "07_performance"
 sys.path.insert(0, str(ROOT))  # course_lib from this checkout when run from a shell
 
 import course_lib  # noqa: E402
-from course_lib.scripts import px_cells, script_cells  # noqa: E402
+from course_lib.scripts import script_cells  # noqa: E402
+from course_lib.teaching.notebooks import px_cells  # noqa: E402
 
 SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch", "inside_ddp")
 MODELS = ("mymodel", "resnet18")  # the scaling and mixed-precision sections measure each

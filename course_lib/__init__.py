@@ -2,9 +2,11 @@
 
 Small modules, one job each. The learner core: ``data`` (MNIST), ``model`` (the seed's MyModel),
 ``devices`` (GPUs, backends, doctor), ``scripts`` (write a cell to a file), ``launch`` (torchrun and
-accelerate from a cell, described by a ``LaunchSpec``), ``metrics`` (JSON lines), ``ranks`` (a pool of ranks driven from cells), ``display`` (tables, fresh run folders), ``errors`` (every
-error a learner can cause) and ``processes`` (start a command, end its process tree). The live views,
-in ``course_lib.ui``: ``progress`` and ``panel``. The instructors' tools, in ``course_lib.teaching``: ``checks``
+accelerate from a cell, described by a ``LaunchSpec``), ``metrics`` (JSON lines), ``display`` (tables, fresh
+run folders), ``errors`` (every error a learner can cause) and ``processes`` (start a command, end its process
+tree). Ranks and nodes on one machine, in ``course_lib.cluster``: ``ranks`` (a pool of ranks driven from cells)
+and ``multinode`` (several torchrun agents as nodes). The live views, in ``course_lib.ui``: ``progress`` and
+``panel``. The instructors' tools, in ``course_lib.teaching``: ``checks``
 (one module per lesson), ``grading``, ``exercises`` and ``notebooks`` (the parameter injection shared by the
 grader and the tests). What the lessons teach
 (process groups, samplers, DDP, checkpoints) stays in the lessons' scripts.
@@ -24,7 +26,7 @@ _EXPORTS = {
     "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchSpec": "launch",
     "DataError": "errors", "LaunchConfigError": "errors", "LaunchError": "errors", "LaunchTimeout": "errors",
     "log_metrics": "metrics", "read_metrics": "metrics", "plot_metrics": "metrics",
-    "start_ranks": "ranks", "RankPool": "ranks",
+    "start_ranks": "cluster.ranks", "RankPool": "cluster.ranks",
 }
 
 __all__ = sorted(_EXPORTS)

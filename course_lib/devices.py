@@ -57,11 +57,6 @@ def machine_summary() -> str:
             + f"; {platform.system()} {platform.release()}; Python {platform.python_version()}; torch {torch.__version__}")
 
 
-#: Set (to anything but empty or 0) where a GPU is expected, e.g. on a GPU runner: the tests then stop at once
-#: when CUDA does not work, instead of skipping every GPU test and passing on the CPU.
-EXPECT_GPU_ENV = "COURSE_EXPECT_GPU"
-
-
 BUSY_PERCENT = 25  # CPU time other programs used, in percent of all CPUs, above which a timing is disturbed
 
 
@@ -94,10 +89,6 @@ def gpu_problem() -> str | None:
         if value != 12.0:
             return f"GPU {i} computed {value} for a sum whose value is 12"
     return None
-
-
-def gpu_expected() -> bool:
-    return os.environ.get(EXPECT_GPU_ENV, "") not in ("", "0")
 
 
 def available_backends() -> list[str]:

@@ -186,18 +186,6 @@ def script_cells(notebook: str | os.PathLike) -> list[tuple[str, str | None, str
 
 
 
-def px_cells(notebook: str | os.PathLike, ids) -> dict[str, str]:
-    """The code of the ``%%px`` cells with these cell ids, without the magic line, to run on ranks elsewhere (a
-    test under torchrun, the benchmark's pool); a missing id, or a cell that is no longer ``%%px``, is an error."""
-    cells = {cell.get("id"): "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-             for cell in json.loads(Path(notebook).read_text())["cells"]}
-    found = {}
-    for cell_id in ids:
-        if not cells.get(cell_id, "").startswith("%%px\n"):
-            raise ValueError(f"{Path(notebook).name} has no %%px cell with id {cell_id!r}")
-        found[cell_id] = cells[cell_id][len("%%px\n"):]
-    return found
-
 def parse_magic_line(line: str) -> tuple[str, str | None]:
     words = shlex.split(line)
     base = None

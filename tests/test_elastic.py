@@ -20,7 +20,7 @@ import torch
 
 import course_lib
 from course_lib import LaunchError, MyModel
-from course_lib.multinode import torchrun_nodes
+from course_lib.cluster.multinode import torchrun_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "04_torchrun_elastic.ipynb"
@@ -275,9 +275,9 @@ def test_sbatch_without_the_script_says_to_run_the_notebook(fake_slurm):
 ])
 def test_each_agent_gets_its_own_gpus_or_none(monkeypatch, gpus, visible, agents, nproc, expected):
     """Two agents on one host both count local ranks from 0: sharing cuda:0, NCCL would refuse the duplicate GPU."""
-    from course_lib.multinode import agent_devices
+    from course_lib.cluster.multinode import agent_devices
 
-    monkeypatch.setattr("course_lib.multinode.gpu_count", lambda: gpus)
+    monkeypatch.setattr("course_lib.cluster.multinode.gpu_count", lambda: gpus)
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
@@ -286,7 +286,7 @@ def test_each_agent_gets_its_own_gpus_or_none(monkeypatch, gpus, visible, agents
 
 
 def test_the_agents_devices_reach_their_workers_and_are_shown(monkeypatch, write, tmp_path, capsys):
-    monkeypatch.setattr("course_lib.multinode.gpu_count", lambda: 1)  # one GPU for two agents: all on CPU
+    monkeypatch.setattr("course_lib.cluster.multinode.gpu_count", lambda: 1)  # one GPU for two agents: all on CPU
     script = write("show.py", """
         import os
         print("visible=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")), flush=True)

@@ -5,7 +5,7 @@ import time
 import psutil
 import pytest
 
-from course_lib.ranks import timeout_note
+from course_lib.cluster.ranks import timeout_note
 
 
 class _Composite(Exception):

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 import torch
 
-from course_lib.scripts import px_cells, script_source
+from course_lib.scripts import script_source
+from course_lib.teaching.notebooks import px_cells
 
 from notebook_runner import ROOT
 

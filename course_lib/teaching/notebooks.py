@@ -8,6 +8,7 @@ notebook so, recording where and how. No torch at import.
 from __future__ import annotations
 
 import copy
+import os
 
 import nbformat
 
@@ -80,3 +81,16 @@ def execute(path, params: dict | None = None, timeout: int = 600, allow_errors: 
         "finished": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_summary(), "load_average_at_start": load, "cpu_count": os.cpu_count()}
     return nb
+
+
+def px_cells(notebook: str | os.PathLike, ids) -> dict[str, str]:
+    """The code of the ``%%px`` cells with these cell ids, without the magic line, to run on ranks elsewhere (a
+    test under torchrun, the benchmark's pool); a missing id, or a cell that is no longer ``%%px``, is an error."""
+    cells = {cell.get("id"): cell.source
+             for cell in nbformat.read(str(notebook), as_version=4).cells}
+    found = {}
+    for cell_id in ids:
+        if not cells.get(cell_id, "").startswith("%%px\n"):
+            raise ValueError(f"{os.path.basename(notebook)} has no %%px cell with id {cell_id!r}")
+        found[cell_id] = cells[cell_id][len("%%px\n"):]
+    return found

@@ -14,13 +14,13 @@ import signal
 import time
 from typing import Callable
 
-from .devices import gpu_count, resolve_nproc
-from .errors import LaunchError, LaunchTimeout
-from .launch import (RANK_LINE, LaunchSpec, RunResult, check_script, default_run_dir, failure_message, free_port,
+from ..devices import gpu_count, resolve_nproc
+from ..errors import LaunchError, LaunchTimeout
+from ..launch import (RANK_LINE, LaunchSpec, RunResult, check_script, default_run_dir, failure_message, free_port,
                      launch_environment, script_arguments, torchrun_command)
-from .metrics import METRICS_FILE, read_metrics
-from .processes import start as start_process
-from .processes import release, stop_tree
+from ..metrics import METRICS_FILE, read_metrics
+from ..processes import start as start_process
+from ..processes import release, stop_tree
 
 
 def agent_devices(agents: int, nproc_per_node: int) -> list[dict[str, str]]:

@@ -28,8 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from .errors import LaunchError
-from .processes import release, start, stop_tree
+from ..errors import LaunchError
+from ..processes import release, start, stop_tree
 
 PG_TIMEOUT = 10  # seconds a collective waits for the ranks that do not call it
 CELL_TIMEOUT = 300  # seconds a %%px cell (or pool.run) may run before its ranks are interrupted; None: no limit
@@ -60,7 +60,7 @@ class RankPool:
 
     def __init__(self, nproc: int | None = None, pg_timeout: float = PG_TIMEOUT, quiet: bool = False,
                  cell_timeout: float | None = CELL_TIMEOUT):
-        from .devices import choose_backend, resolve_nproc
+        from ..devices import choose_backend, resolve_nproc
 
         self.nproc = resolve_nproc(nproc)
         self.backend = choose_backend(self.nproc)
@@ -78,7 +78,7 @@ class RankPool:
     def _start(self) -> None:
         import ipyparallel as ipp
 
-        from .launch import free_port
+        from ..launch import free_port
 
         began = time.monotonic()
         self.folder = Path(tempfile.mkdtemp(prefix="course-ranks-"))
@@ -116,7 +116,7 @@ class RankPool:
         _attach_to_ipython(self)
         self.start_seconds = time.monotonic() - began
         if not self.quiet:
-            from .display import show_table
+            from ..display import show_table
 
             show_table(self.ranks, title=f"{self.nproc} ranks in one process group ({self.backend}), "
                                          f"started in {self.start_seconds:.1f}s; run a cell on all of them with %%px")
