@@ -185,7 +185,6 @@ def script_cells(notebook: str | os.PathLike) -> list[tuple[str, str | None, str
     return found
 
 
-
 def parse_magic_line(line: str) -> tuple[str, str | None]:
     words = shlex.split(line)
     base = None

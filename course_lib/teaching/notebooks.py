@@ -57,7 +57,6 @@ def execute(path, params: dict | None = None, timeout: int = 600, allow_errors: 
     """
     import datetime
     import hashlib
-    import os
     import time
     from pathlib import Path
 
