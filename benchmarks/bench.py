@@ -330,8 +330,6 @@ def scaling_nprocs() -> list[int]:
 
 
 def grad_bytes(model: str) -> int:
-    import torch
-
     if model == "resnet18":
         import timm
 
@@ -537,7 +535,7 @@ def measure_inside_ddp(folder: Path, fast: bool, repeats: int | None = None, npr
     try:
         cells = px_cells(ROOT / SCRIPTS["train_naive"][0], INSIDE_DDP_CELLS)
     except ValueError as err:
-        raise SystemExit(f"{err}; bench.py runs it. Restore the cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.")
+        raise SystemExit(f"{err}; bench.py runs it. Restore the cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.") from err
     pool = course_lib.start_ranks(nproc, quiet=True)
     try:
         pool.run(f"import os; os.chdir({str(folder / 'notebooks')!r})")  # where the lesson's scripts were written

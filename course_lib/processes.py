@@ -110,8 +110,8 @@ def stop_tree(pid: int, grace: float = 5.0) -> int:
     except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
         pass
     _, alive = psutil.wait_procs(family, timeout=grace)
-    for p in alive + [c for p in alive for c in _children(p)]:
-        _signal(p, "kill")
+    for proc in alive + [child for parent in alive for child in _children(parent)]:
+        _signal(proc, "kill")
     psutil.wait_procs(alive, timeout=grace)
     return len(family)
 

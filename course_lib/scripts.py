@@ -14,6 +14,7 @@ text is read from the lesson notebook that holds that cell, so a lesson never ne
 """
 from __future__ import annotations
 
+import argparse
 import difflib
 import html
 import json
@@ -65,6 +66,15 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False, base: 
         if base is not None:
             show_diff(base_text, text, base, str(path))
     return path
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for a count that must be 1 or more (``--max-steps 0`` would otherwise train whole epochs)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a number of steps: give 1 or more, or leave the flag out "
+                                         "to train whole epochs")
+    return value
 
 
 def launch_hint(path: Path, text: str) -> str:

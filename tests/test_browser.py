@@ -91,7 +91,7 @@ class Lab:
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.close()
-                    raise RuntimeError(f"JupyterLab did not start; its log:\n{self.log.read_text()[-3000:]}")
+                    raise RuntimeError(f"JupyterLab did not start; its log:\n{self.log.read_text()[-3000:]}") from None
                 time.sleep(0.5)
 
     def api(self, path: str):

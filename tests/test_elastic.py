@@ -120,7 +120,7 @@ def test_sigkill_while_saving_leaves_the_previous_checkpoint_intact(train_script
     half_written = checkpoints / "checkpoint-1.pt.tmp"
     assert half_written.exists(), "the crash happened while the temporary file was being written"
     assert not (checkpoints / "checkpoint-1.pt").exists(), "the half-written file was never renamed into place"
-    with pytest.raises(Exception):
+    with pytest.raises((RuntimeError, EOFError, OSError)):  # torch's zip reader on a cut file
         torch.load(half_written, weights_only=True)
     checkpoint = torch.load(checkpoints / "checkpoint-0.pt", map_location="cpu", weights_only=True)
     assert checkpoint["epoch"] == 0, "the checkpoint of the previous epoch is still there, whole"

@@ -122,3 +122,29 @@ def test_script_starts_with_plain_python_as_its_docstring_says(notebook, target,
         last = (done.stderr.strip().splitlines() or [""])[-1]
         assert "torchrun" in last and "Traceback" not in done.stderr, (
             f"{target} failed under plain python with no one-line reason naming torchrun:\n{done.stderr[-3000:]}")
+
+
+MAX_STEPS = [c for c in PLAIN if '"--max-steps"' in c.values[3]]
+
+
+def test_every_training_script_with_max_steps_is_checked_for_zero():
+    assert len(MAX_STEPS) >= 30, f"only {len(MAX_STEPS)} scripts take --max-steps; the parametrized test below lost some"
+
+
+@pytest.mark.parametrize("notebook,target,base,text", MAX_STEPS)
+def test_max_steps_zero_is_refused_before_any_training(notebook, target, base, text, tmp_path, mirror):
+    """``--max-steps 0`` once trained whole epochs (the check ``steps == max_steps`` never held); now argparse
+    refuses it, with the fix, before a process group or the data is touched."""
+    path = tmp_path / target
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
+    args = ["--max-steps", "0", "--run-dir", str(tmp_path / "run")]
+    if "checkpoint\", type=Path" in text:  # evaluation scripts take a checkpoint path first
+        args.insert(0, str(tmp_path / "missing.pt"))
+    done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, f"{target} --max-steps 0 exited {done.returncode}:\n{done.stderr[-2000:]}"
+    assert "--max-steps: 0 is not a number of steps: give 1 or more" in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

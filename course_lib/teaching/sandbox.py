@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import pickle
 import signal
-import sys
 import time
 
 import torch
@@ -242,7 +241,7 @@ class Remote:
     def __call__(self, *args, **kwargs):
         reply = self._sandbox._ask(("call", self._id, args, kwargs))
         stateful = [a for a in [*args, *kwargs.values()] if hasattr(a, "load_state_dict") and hasattr(a, "state_dict")]
-        for (i, data), target in zip(reply["state"], stateful):
+        for (_, data), target in zip(reply["state"], stateful):
             if data is not None:
                 target.load_state_dict(_decode(data))  # what the submission's function did to the model/optimizer
         return _wrap(self._sandbox, _decode(reply["value"]))

@@ -19,3 +19,16 @@ from .lesson05 import check_accelerate_training, check_gather_for_metrics
 from .lesson06 import check_compute_loss, check_trainer_run
 from .lesson08 import check_counting_hook, check_overlapped_ddp
 from .lesson09 import check_bytes_per_rank, check_sharded_resume
+
+__all__ = [
+    "CheckFailed", "NotAttempted", "Report",
+    "check_hello_ranks", "check_pick_backend", "check_all_reduce_script",
+    "check_average_gradients", "check_global_mean", "check_broadcast_model",
+    "check_distributed_accuracy", "check_ddp_training",
+    "check_batch_of_one", "check_load_model", "check_rank0_evaluation",
+    "check_checkpoints", "check_elastic_resume",
+    "check_accelerate_training", "check_gather_for_metrics",
+    "check_compute_loss", "check_trainer_run",
+    "check_counting_hook", "check_overlapped_ddp",
+    "check_bytes_per_rank", "check_sharded_resume",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 
-from .harness import CheckFailed, Report, call, launch_script, rank_outputs, reference_accuracy
+from .harness import CheckFailed, Report, launch_script, rank_outputs, reference_accuracy
 
 
 def check_accelerate_training(script, nproc: int = 2, max_steps: int | None = None) -> None:
