@@ -72,10 +72,11 @@ def test_edited_check_cells_are_restored_from_the_released_exercise(tmp_path):
 def test_a_hanging_task_times_out_and_the_other_task_and_submission_are_graded(tmp_path):
     hanging = submission(tmp_path / "a" / "ex.ipynb", t1="    pass\nwhile True:\n    pass", t2="    return 2")
     fine = submission(tmp_path / "b" / "ex.ipynb", t1="    return 1", t2="    return 2")
+    released = submission(tmp_path / "release" / "ex.ipynb")  # the checks come from here, never from a submission
     out = tmp_path / "grades.csv"
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "course_lib", "grade", str(hanging), str(fine), "--out", str(out),
-                           "--cell-timeout", "5", "--source", str(tmp_path / "none")],
+                           "--cell-timeout", "5", "--source", str(released.parent)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = list(csv.DictReader(out.open()))

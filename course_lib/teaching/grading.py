@@ -5,7 +5,8 @@
 Each submission is graded in its own temporary folder (a submission that deletes files deletes only its
 copy) by a worker process, with a per-cell and a whole-notebook timeout; when time is up the worker and
 everything it launched are killed. The check cells (tagged ``{"course": {"task": ...}}``) and the parameters
-cell are first restored from the released exercise of the same name. The submission's own cells then run
+cell come from the released exercise of the same name; no other cell of the submission keeps a mark that would
+make the worker run it (``prepare``). The submission's own cells then run
 in a sandbox process (``sandbox.py``); cells that fail do not stop the run. Each check runs in the worker,
 which the submission's code never runs in, and reaches the submission's functions and classes only through
 ``sandbox.Remote`` (plain data back); the worker reports to the grader through a pipe only it holds.
@@ -106,26 +107,79 @@ def _cap(text: str, limit: int = MESSAGE_LIMIT) -> str:
 # --- preparing a submission ----------------------------------------------------------------------
 
 
+TRUST_TAGS = {"parameters", INJECTED_TAG}  # tags of the cells the worker itself runs
+
+
+class NoRelease(ValueError):
+    """A submission with no released exercise of its name: nothing says which of its cells are checks."""
+
+
+def untrusted(cell):
+    """A copy of a submission's cell without any mark that would make the worker run it: no task, no nbgrader
+    grade, no ``parameters`` or injected-parameters tag. It then runs in the sandbox, as every learner cell does."""
+    cell = copy.deepcopy(cell)
+    meta = cell.setdefault("metadata", {})
+    meta.pop("nbgrader", None)
+    if isinstance(meta.get("course"), dict):
+        meta["course"].pop("task", None)
+    else:
+        meta.pop("course", None)
+    if "tags" in meta:
+        meta["tags"] = [tag for tag in meta["tags"] if tag not in TRUST_TAGS]
+    return cell
+
+
+def _released_trusted(original) -> list:
+    """The release's cells that the worker runs: its check cells and its parameters cell."""
+    index = parameters_index(original)
+    return [c for i, c in enumerate(original.cells)
+            if c.cell_type == "code" and (task_of(c) or i == index)]
+
+
 def prepare(submission: Path, source_dir: Path | None = EXERCISES):
-    """The notebook to run and the tasks to grade with their points (the released exercise's, when there is one)."""
+    """The notebook to run and the tasks to grade with their points, taken from the released exercise.
+
+    Every cell the worker runs (the checks, the parameters cell) is a copy of the release's, put where the
+    submission has the cell of the same id (or, when ids changed, of the same task); each is used once. Every other
+    cell of the submission loses its task, grade and parameter marks, whatever its metadata says, so extra,
+    duplicated or re-tagged cells run in the sandbox and nowhere else. ``source_dir=None`` trusts the submission's
+    own marks: only for notebooks one wrote oneself (the tests' tiny exercises), never for students' work.
+    """
     nb = nbformat.read(submission, as_version=4)
-    released = Path(source_dir) / submission.name if source_dir else None
-    if released is not None and released.is_file():
+    if source_dir is None:
+        tasks = {task_of(c): points_of(c) for c in nb.cells if c.cell_type == "code" and task_of(c)}
+    else:
+        released = Path(source_dir) / submission.name
+        if not released.is_file():
+            raise NoRelease(f"no released exercise {released}: the grader takes the checks from it. Name the "
+                            "folder of the released notebooks with --source, or keep the submission's file name.")
         original = nbformat.read(released, as_version=4)
-        checks = {task_of(c): c for c in original.cells if c.cell_type == "code" and task_of(c)}
-        tasks = {task: points_of(cell) for task, cell in checks.items()}
-        for i, cell in enumerate(nb.cells):
-            task = task_of(cell)
-            if cell.cell_type == "code" and task in checks:
-                nb.cells[i] = copy.deepcopy(checks[task])
+        trusted = _released_trusted(original)
+        by_id = {c.get("id"): c for c in trusted}
+        by_task = {task_of(c): c for c in trusted if task_of(c)}
+        params = original.cells[parameters_index(original)] if parameters_index(original) is not None else None
+        chosen: dict[int, object] = {}  # submission cell index -> the release's cell that takes its place
+        for i, cell in enumerate(nb.cells):  # by id first: where the released cell was handed out
+            source = by_id.get(cell.get("id"))
+            if source is not None and source not in chosen.values():
+                chosen[i] = source
+        for i, cell in enumerate(nb.cells):  # then by task or tag, for a release cell whose id the notebook lost
+            if i in chosen or cell.cell_type != "code":
+                continue
+            tags = cell.get("metadata", {}).get("tags", [])
+            source = by_task.get(task_of(cell)) or (params if "parameters" in tags else None)
+            if source is not None and source.get("id") not in {c.get("id") for c in nb.cells} \
+                    and source not in chosen.values():
+                chosen[i] = source
+        cells = [copy.deepcopy(chosen[i]) if i in chosen else untrusted(c) for i, c in enumerate(nb.cells)]
+        placed = {id(c) for c in chosen.values()}
+        if params is not None and id(params) not in placed:  # deleted by the learner: the checks need its values
+            cells.insert(0, copy.deepcopy(params))
+        nb.cells = cells
+        tasks = {task: points_of(cell) for task, cell in by_task.items()}
         # The settings the checks launch with (processes, steps) are the release's too.
-        mine, theirs = parameters_index(nb), parameters_index(original)
-        if mine is not None and theirs is not None:
-            nb.cells[mine] = copy.deepcopy(original.cells[theirs])
         nb.metadata.setdefault("course", {})["fast_parameters"] = \
             original.metadata.get("course", {}).get("fast_parameters", {})
-    else:
-        tasks = {task_of(c): points_of(c) for c in nb.cells if c.cell_type == "code" and task_of(c)}
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -282,8 +336,9 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
     start = time.monotonic()
     try:
         nb, tasks = prepare(submission, source_dir)
-    except Exception as exc:  # not a notebook, unreadable JSON, ...
-        result.note = f"could not read the notebook: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # no release to grade it by, not a notebook, unreadable JSON, ...
+        result.note = str(exc) if isinstance(exc, NoRelease) else \
+            f"could not read the notebook: {type(exc).__name__}: {exc}"
         released = Path(source_dir) / submission.name if source_dir else None
         if released is not None and released.is_file():
             cells = [c for c in nbformat.read(released, as_version=4).cells if task_of(c)]
