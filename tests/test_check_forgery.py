@@ -1,4 +1,4 @@
-"""The checks that run a harness inside the learner's script (01.1-01.3, 02.1, 08.x, 09.x) reach their verdict in
+"""The checks that run a harness inside the learner's script (00.3, 01.1-01.3, 02.1, 08.x, 09.x) reach their verdict in
 the check's own process, from inputs only the check knows: printing a pass, sending a report of one's own, asking
 for another rank's inputs or planting a module beside the script earns nothing; honest mistakes keep their hints."""
 import re
@@ -191,3 +191,55 @@ def test_a_hook_count_is_judged_against_the_checks_own_count_not_the_calls_seen_
         checks.check_counting_hook(learner(tmp_path, padded, "padded.py"), nproc=2)
     counted, sent = map(int, re.search(r"= (\d+), but DDP sent (\d+)", str(failed.value)).groups())
     assert counted == 2 * sent > 0
+
+
+# --- lesson 00: judged by what the ranks did, not by what they printed ---------------------------------------
+
+HONEST_SUM = '''
+import os
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(value)
+print(f"rank {dist.get_rank()}: backend = {dist.get_backend()}, sum = {value.item():g}")
+dist.destroy_process_group()
+'''
+
+
+def test_an_honest_all_reduce_passes_with_the_checks_own_rank_in_the_group(tmp_path, capsys):
+    checks.check_all_reduce_script(learner(tmp_path, HONEST_SUM, "all_reduce.py"), nproc=2)
+    out = capsys.readouterr().out
+    assert "Task 00.3 passed." in out and "Rank 2 is the check's" in out
+
+
+def test_a_sum_computed_from_world_size_without_a_process_group_fails(tmp_path):
+    forged = '''
+import os
+
+world = int(os.environ["WORLD_SIZE"])
+print(f"rank {os.environ['RANK']}: backend = gloo, sum = {world * (world + 1) // 2}")
+'''
+    with pytest.raises(CheckFailed, match=r"never completed an all_reduce with the check's rank 2"):
+        checks.check_all_reduce_script(learner(tmp_path, forged, "all_reduce.py"), nproc=2)
+
+
+def test_joining_the_group_but_printing_the_expected_sum_without_the_checks_number_fails(tmp_path):
+    forged = HONEST_SUM.replace('sum = {value.item():g}', 'sum = {3}')
+    with pytest.raises(CheckFailed, match=r"rank 0 printed sum = 3, expected"):
+        checks.check_all_reduce_script(learner(tmp_path, forged, "all_reduce.py"), nproc=2)
+
+
+def test_hello_lines_written_in_advance_for_every_rank_fail(tmp_path):
+    forged = 'print("rank 0 of 2")\nprint("rank 1 of 2")\n'
+    with pytest.raises(CheckFailed, match=r"Task 00\.1: .*printed 2 lines like `rank R of W`"):
+        checks.check_hello_ranks(learner(tmp_path, forged, "hello.py"), nproc=2)
+
+
+def test_an_honest_hello_passes_at_both_world_sizes(tmp_path, capsys):
+    honest = 'import os\nprint(f"rank {os.environ[\'RANK\']} of {os.environ[\'WORLD_SIZE\']}")\n'
+    checks.check_hello_ranks(learner(tmp_path, honest, "hello.py"), nproc=2)
+    out = capsys.readouterr().out
+    assert "rank 2 printed `rank 2 of 3`" in out and "Task 00.1 passed." in out

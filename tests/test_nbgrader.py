@@ -151,3 +151,30 @@ def test_nbgrader_runs_checks_in_the_submissions_kernel_so_a_forgery_passes_what
     """What instructors.md says of nbgrader: the forgery the course's grader scores 0/3 (test_grading.py) gets the
     points of every check that runs after the forging cell (00.2's and 00.3's), though neither task is done."""
     assert scores(course, LESSONS[0], FORGED) == {"check-00-1": 0.0, "check-00-2": 1.0, "check-00-3": 1.0}
+
+
+@pytest.mark.notebook
+def test_autograde_refuses_a_notebook_whose_read_only_cell_lost_its_metadata(tmp_path):
+    """nbgrader puts read-only cells back by grade_id; one whose metadata was removed would run as edited (the
+    setup cell below replaces every check: 3/3 with nbgrader's own steps). The course's configuration refuses it."""
+    lesson = LESSONS[0]
+    nbgrader_course(tmp_path, out=open(os.devnull, "w"))
+    for other in (tmp_path / "source").iterdir():
+        if other.name != lesson:
+            shutil.rmtree(other)
+    nbgrader(tmp_path, "generate_assignment", lesson, "--force")
+    nb = nbformat.read(tmp_path / "release" / lesson / SOLUTIONS[0].name, as_version=4)
+    setup = next(c for c in nb.cells if "from course_lib.teaching import checks" in c.source)
+    setup.metadata.pop("nbgrader")
+    setup.source += ("\nfor name in dir(checks):\n    if name.startswith('check_'):\n"
+                     "        setattr(checks, name, lambda *args, **kwargs: None)\n")
+    target = tmp_path / "submitted" / "stripped" / lesson / SOLUTIONS[0].name
+    target.parent.mkdir(parents=True)
+    nbformat.write(nb, target)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    done = subprocess.run([sys.executable, "-m", "nbgrader", "autograde", lesson, "--create", "--force"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "LockedCellsMissing" in done.stderr and "lost their nbgrader metadata" in done.stderr, done.stderr[-3000:]
+    got = scores(tmp_path, lesson, "stripped")
+    assert set(got) == {"check-00-1", "check-00-2", "check-00-3"} and not any(got.values()), got

@@ -204,7 +204,14 @@ def nbgrader_config() -> str:
             f"c.ClearSolutions.code_stub = {{'python': {CODE_STUB!r}}}\n"
             f"c.ClearSolutions.text_stub = {MARKDOWN_ANSWER!r}\n"
             "# Checks launch real processes and train on MNIST: seconds per cell, as the course's grader allows.\n"
-            "c.Execute.timeout = 300\n")
+            "c.Execute.timeout = 300\n"
+            "# Fail closed: a submission whose read-only cells lost their nbgrader metadata (nbgrader could not put\n"
+            "# them back) is refused, not run as edited (course_lib/teaching/nbgrader_locks.py).\n"
+            "from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds,  # noqa: E402\n"
+            "                                    OverwriteCells, OverwriteKernelspec)\n"
+            "from course_lib.teaching.nbgrader_locks import RequireLockedCells  # noqa: E402\n"
+            "c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,\n"
+            "                                      RequireLockedCells, CheckCellMetadata]\n")
 
 
 def assignment_name(solution: Path) -> str:
