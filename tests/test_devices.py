@@ -121,3 +121,88 @@ def test_cpu_bf16_flags_reads_only_the_native_bfloat16_flags(monkeypatch):
 
     monkeypatch.setattr(devices, "open", unreadable, raising=False)
     assert devices.cpu_bf16_flags() == []
+
+
+# --- the GPU branches, with CUDA faked: what a GPU machine gets from the checks and the report
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA made to look present with ``n`` GPUs named ``name`` (141 GiB each), NCCL in the build."""
+    import torch
+    from types import SimpleNamespace
+
+    def fake(n, name="NVIDIA H200"):
+        monkeypatch.setattr(torch.version, "cuda", torch.version.cuda or "13.0")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda i: SimpleNamespace(name=name, total_memory=141 * 2**30))
+        monkeypatch.setattr(devices.dist, "is_nccl_available", lambda: True)
+
+    return fake
+
+
+def fake_kernels(monkeypatch, broken=None, wrong=None):
+    """torch.arange on ``cuda:i`` computes on the CPU, fails on GPU ``broken``, and is off by one on GPU ``wrong``."""
+    import torch
+
+    real = torch.arange
+
+    def arange(*args, device=None, **kwargs):
+        if device == f"cuda:{broken}":
+            raise RuntimeError("CUDA error: no kernel image is available for execution on the device\n"
+                               "CUDA kernel errors might be asynchronously reported")
+        values = real(*args, **kwargs)
+        return values + 1 if device == f"cuda:{wrong}" else values
+
+    monkeypatch.setattr(torch, "arange", arange)
+
+
+def test_gpu_problem_is_none_when_every_gpu_runs_a_kernel(fake_cuda, monkeypatch):
+    fake_cuda(2)
+    fake_kernels(monkeypatch)
+    assert devices.gpu_problem() is None
+
+
+def test_gpu_problem_names_the_gpu_that_cannot_run_a_kernel_and_the_builds_compute_capabilities(fake_cuda,
+                                                                                               monkeypatch):
+    fake_cuda(2, name="Tesla K80")
+    fake_kernels(monkeypatch, broken=1)
+    problem = devices.gpu_problem()
+    expected = "GPU 1 (Tesla K80) cannot run a kernel: CUDA error: no kernel image is available"
+    assert problem.startswith(expected), problem
+    assert "kernel errors might" not in problem, "only the error's first line"
+    assert "compute capabilities" in problem and "driver" in problem, problem
+
+
+def test_gpu_problem_reports_a_gpu_that_computes_a_wrong_sum(fake_cuda, monkeypatch):
+    fake_cuda(2)
+    fake_kernels(monkeypatch, wrong=0)
+    assert devices.gpu_problem() == "GPU 0 computed 20.0 for a sum whose value is 12"
+
+
+def test_gpu_problem_on_a_cpu_only_build_says_to_install_the_cuda_build(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert "CPU-only build; install the CUDA build" in devices.gpu_problem()
+
+
+def test_doctor_on_a_gpu_machine_lists_every_gpu_and_plans_one_nccl_process_per_gpu(fake_cuda, capsys):
+    fake_cuda(2)
+    rows = dict(devices.environment_report())
+    assert rows["GPU 0"] == rows["GPU 1"] == "NVIDIA H200, 141.0 GiB"
+    assert (rows["CUDA available"], rows["GPUs"], rows["default processes"], rows["default backend"]) == (
+        "True", "2", "2", "nccl")
+    assert rows["why"].startswith("2 CUDA GPU(s): one process per GPU, NCCL between them"), rows["why"]
+    assert "nccl" in rows["process-group backends"]
+    devices.doctor()
+    out = capsys.readouterr().out
+    assert "NVIDIA H200, 141.0 GiB" in out and "one process per GPU" in out
+
+
+def test_the_machine_summary_names_the_gpus(fake_cuda):
+    fake_cuda(4)
+    assert "4 GPU(s) (NVIDIA H200)" in devices.machine_summary()

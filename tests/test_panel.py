@@ -168,3 +168,16 @@ def test_torchrun_progress_replaces_the_log_lines_by_epoch_lines(write, capsys):
     assert "[rank0]:" not in text and "[rank1]:" not in text
     assert "epoch 2/2 [####################] train_loss=0.2500" in text
     assert "epoch 1 step 1" in result.outputs[0]  # the lines are still in the result
+
+
+@pytest.mark.parametrize("gpus, cpus, value, most", [(8, 2, 8, 8), (0, 2, 2, 4), (0, 16, 2, 16), (2, 16, 2, 16)])
+def test_the_panel_offers_one_process_per_gpu_and_up_to_the_gpus_or_cores(monkeypatch, write, gpus, cpus, value, most):
+    """With GPUs faked: the default process count is one per GPU, and the box goes up to max(4, GPUs, cores)."""
+    from course_lib import devices
+    from course_lib.ui import panel as panel_module
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(panel_module, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(panel_module, "cpu_count", lambda: cpus)
+    panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=None, show=False)
+    assert (panel.nproc.value, panel.nproc.max) == (value, most), f"{gpus} GPUs, {cpus} cores"
