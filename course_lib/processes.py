@@ -21,6 +21,9 @@ import psutil
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 GUARD_POLL = 0.5  # seconds between the guard's looks at the process it guards
+#: A command put before every command ``start`` runs (its guard excepted). Empty for learners; the grader's worker
+#: sets one that runs what it starts as an unprivileged user (``course_lib.teaching.jail``).
+WRAPPER: list[str] = []
 
 
 def start(argv: list[str], env: dict | None = None, tag=None, lines: queue.Queue | None = None,
@@ -31,7 +34,7 @@ def start(argv: list[str], env: dict | None = None, tag=None, lines: queue.Queue
     with ``log`` (an open file) both streams go there instead. ``guard``: end the tree if this process dies first.
     """
     out = subprocess.PIPE if lines is not None else log
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out is not None else None, text=True,
+    proc = subprocess.Popen([*WRAPPER, *argv], stdout=out, stderr=subprocess.STDOUT if out is not None else None, text=True,
                             bufsize=1, env=env, cwd=cwd, start_new_session=True, errors="replace", pass_fds=pass_fds)
     if guard:
         proc.guard = start_guard(proc.pid)

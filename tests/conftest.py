@@ -61,3 +61,16 @@ def pytest_collection_modifyitems(session, config, items):
     """The book's tests run last: the book is built from the lessons the notebook tests executed
     (test-output/executed), so that CI does not run every lesson twice."""
     items.sort(key=lambda item: item.path.name == "test_book.py")  # a stable sort: the order is otherwise kept
+
+
+@pytest.fixture
+def drop_box():
+    """A folder every user may write in: what a submission reports to its test from inside the sandbox (which, as
+    root, runs it as an unprivileged user who cannot write into pytest's own folders)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="grading-test-"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

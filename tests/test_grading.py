@@ -88,8 +88,8 @@ def test_a_hanging_task_times_out_and_the_other_task_and_submission_are_graded(t
     assert time.monotonic() - start < 200
 
 
-def test_a_notebook_past_its_total_time_is_stopped_with_everything_it_launched(tmp_path, monkeypatch):
-    pid_file = tmp_path / "launched.pid"
+def test_a_notebook_past_its_total_time_is_stopped_with_everything_it_launched(tmp_path, monkeypatch, drop_box):
+    pid_file = drop_box / "launched.pid"
     monkeypatch.setenv("LAUNCHED_PID_FILE", str(pid_file))  # the submission reports the pid of what it starts
     stubborn = ("    pass\nimport os, signal, subprocess\n"
                 "child = subprocess.Popen(['sleep', '600'], start_new_session=True)  # like torchrun's workers\n"
@@ -108,9 +108,9 @@ def test_a_notebook_past_its_total_time_is_stopped_with_everything_it_launched(t
     assert not psutil.Process().children(recursive=True), "the grader left processes behind"
 
 
-def test_a_grader_killed_mid_submission_leaves_no_worker_kernel_or_launched_process(tmp_path):
+def test_a_grader_killed_mid_submission_leaves_no_worker_kernel_or_launched_process(tmp_path, drop_box):
     """SIGKILL to the grader (an instructor's machine running out of memory): its guards end what it started."""
-    pid_file = tmp_path / "pids"
+    pid_file = drop_box / "pids"
     busy = ("    pass\nimport os, subprocess, time\n"
             "child = subprocess.Popen(['sleep', '600'], start_new_session=True)  # like torchrun's workers\n"
             f"open({str(pid_file)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import nbformat
 
-from .exercises import EXERCISES
+from .exercises import EXERCISES, ROOT
 from .notebooks import INJECTED_TAG, fast_parameters, inject_parameters, parameters_index
 from ..processes import start as start_process
 from ..processes import release, stop_tree
@@ -217,27 +217,39 @@ class _CheckNames(dict):
         return value
 
 
-def run_worker(notebook: Path, results_fd: int, cell_timeout: float) -> int:
+def run_worker(notebook: Path, results_fd: int, cell_timeout: float, jail: dict | None = None) -> int:
     """Judge every task of ``notebook``, writing one JSON line per cell to the pipe ``results_fd``.
 
     The submission's cells run in a sandbox process; each check cell runs here, in this process, with the
     trusted ``checks`` and the release's parameters, and reaches the submission's definitions only through
-    ``sandbox.Remote`` (plain data back). Nothing the submission runs can write to ``results_fd``.
+    ``sandbox.Remote`` (plain data back). Nothing the submission runs can write to ``results_fd``. With ``jail``
+    (``user``, ``hide``, ``home``), the sandbox and every process this worker starts (the checks' launches of the
+    learner's scripts) run as that user, with those folders hidden (``jail.py``).
     """
     import contextlib
     import io as _io
 
     import course_lib
+    # Everything the checks import later is imported now, before any submission code runs.
+    import course_lib.data  # noqa: F401
+    import course_lib.launch  # noqa: F401
+    import course_lib.metrics  # noqa: F401
+    import course_lib.model  # noqa: F401
 
+    from .. import processes
     from . import checks as trusted_checks
     from .sandbox import LearnerCodeError, Sandbox, SandboxGone
+
+    if jail is not None:
+        processes.WRAPPER = [sys.executable, "-I", "-m", "course_lib.teaching.jail", "--user", jail["user"],
+                             "--home", jail["home"], *[a for folder in jail["hide"] for a in ("--hide", folder)], "--"]
 
     nb = nbformat.read(notebook, as_version=4)
     code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     check_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and task_of(c)]
     trusted = _trusted_cells(nb)
     sandbox = Sandbox([(i, src) for i, src in code if i not in check_cells], notebook.parent, cell_timeout,
-                      log=notebook.parent.parent / "sandbox.log")
+                      log=notebook.parent.parent / "sandbox.log", jail=jail)
     names = _CheckNames(sandbox, {"checks": trusted_checks, "course_lib": course_lib})
     for i in sorted(trusted):
         exec(compile(nb.cells[i].source, f"<cell {i}>", "exec"), {"__builtins__": __builtins__}, names)
@@ -328,9 +340,59 @@ def classify(nb, tasks: dict[str, float], records: dict[int, dict], why_stopped:
     return graded
 
 
+def default_sandbox_user() -> str | None:
+    """The user submissions run as: ``nobody`` when the grader runs as root on Linux, else None (the grader's own)."""
+    from .jail import unavailable
+
+    return None if unavailable("nobody") else "nobody"
+
+
+def _hidden_folders(submissions, keep) -> list[str]:
+    """What a submission may not see: ``solutions/`` and the folders the graded submissions lie in, except folders
+    that hold something it needs (the repository, the Python environment, its own working folder)."""
+    needed = [Path(p).resolve() for p in keep]
+    folders = {ROOT / "solutions", *(Path(s).resolve().parent for s in submissions)}
+    return sorted(str(f) for f in folders
+                  if f.is_dir() and not any(f == n or f in n.parents for n in needed))
+
+
+def _end_processes_of(uid: int, since: float) -> int:
+    """End every process of ``uid`` started since ``since`` (epoch seconds): whatever a submission left running,
+    detached or not. The sandbox's user should be one that runs nothing else (see docs/instructors.md)."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter(["uids", "create_time"]):
+        try:
+            if proc.info["uids"] and proc.info["uids"].real == uid and proc.info["create_time"] >= since - 1:
+                left.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    return len(left)
+
+
 def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float = CELL_TIMEOUT,
-          timeout: float = NOTEBOOK_TIMEOUT, quiet: bool = False) -> Grade:
-    """Run one submitted notebook and grade its tasks."""
+          timeout: float = NOTEBOOK_TIMEOUT, quiet: bool = False, sandbox_user: str | None = "default",
+          others=()) -> Grade:
+    """Run one submitted notebook and grade its tasks.
+
+    ``sandbox_user``: the user the submission's code runs as (``"default"``: ``nobody`` when the grader is root,
+    else the grader's own user, unprotected); ``others``: the other submissions of this grading, hidden from it.
+    """
+    import pwd
+
+    from .jail import unavailable
+
+    if sandbox_user == "default":
+        sandbox_user = default_sandbox_user()
+    if sandbox_user is not None and unavailable(sandbox_user):
+        raise ValueError(f"cannot run submissions as {sandbox_user!r}: {unavailable(sandbox_user)}")
     submission = Path(submission)
     result = Grade(str(submission), submission.name)
     start = time.monotonic()
@@ -350,16 +412,27 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
     base = Path(tempfile.mkdtemp(prefix="course-grade-"))
     workdir = base / "submission"
     workdir.mkdir()
+    jail_args = []
+    began = time.time()
     try:
         notebook = workdir / submission.name
         nbformat.write(nb, notebook)
+        if sandbox_user is not None:  # its folder is its own; the grader's files beside it are not readable
+            entry = pwd.getpwnam(sandbox_user)
+            for path in (workdir, notebook):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+            os.chmod(base, 0o711)
+            hidden = _hidden_folders([submission, *others], keep=[ROOT, sys.prefix, base, EXERCISES])
+            jail_args = ["--jail-user", sandbox_user, "--jail-home", str(workdir),
+                         *[a for folder in hidden for a in ("--jail-hide", folder)]]
         read_end, write_end = os.pipe()  # only the worker holds the write end: no file a submission could forge
         log = open(base / "worker.log", "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
-        # Its own session, and a guard that ends it, its kernel and their runs if the grader is killed.
+        # Its own session, and a guard that ends it, its kernel and their runs if the grader is killed. -I: no
+        # PYTHONPATH, no user site, and not the working folder on sys.path, where a submission could plant modules.
         worker = start_process(
-            [sys.executable, "-m", "course_lib.teaching.grading", "--worker", str(notebook), str(write_end),
-             "--cell-timeout", str(cell_timeout)], env=env, cwd=workdir, log=log, pass_fds=(write_end,))
+            [sys.executable, "-I", "-m", "course_lib.teaching.grading", "--worker", str(notebook), str(write_end),
+             "--cell-timeout", str(cell_timeout), *jail_args], env=env, cwd=workdir, log=log, pass_fds=(write_end,))
         os.close(write_end)
         received: list[bytes] = []
         reader = threading.Thread(target=_read_all, args=(read_end, received), daemon=True)
@@ -377,6 +450,8 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
                 worker.wait()
             release(worker)
             log.close()
+            if sandbox_user is not None:  # detached or not, nothing the submission started outlives its grading
+                _end_processes_of(pwd.getpwnam(sandbox_user).pw_uid, began)
         reader.join(timeout=10)
         records = _parse_records(b"".join(received).decode(errors="replace"))
         if not records and worker.returncode:
@@ -444,13 +519,29 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--source", type=Path, default=EXERCISES,
                         help="released exercise notebooks whose check cells and task lists are authoritative "
                              "(default: the repository's exercises/)")
+    parser.add_argument("--sandbox-user", default="default",
+                        help="the user the submissions' code runs as (default: nobody, when run as root on Linux; "
+                             "better, a user of its own: useradd --system --no-create-home course-sandbox)")
     args = parser.parse_args(argv)
     submissions = find_submissions(args.submissions)
     missing = [p for p in submissions if not p.is_file()]
     if missing or not submissions:
         print(f"No such notebook(s): {', '.join(map(str, missing)) or 'none given'}", file=sys.stderr)
         return 2
-    grades = [grade(p, args.source, args.cell_timeout, args.timeout) for p in submissions]
+    from .jail import unavailable
+
+    user = default_sandbox_user() if args.sandbox_user == "default" else args.sandbox_user
+    if args.sandbox_user != "default" and unavailable(user):
+        print(f"error: cannot run the submissions as {user!r}: {unavailable(user)}", file=sys.stderr)
+        return 2
+    if user is None:
+        print(f"warning: {unavailable('nobody')}. The submissions' code runs as this user: it can read solutions/ "
+              "and the other submissions, and write what this user can write. Run the grader as root (sudo) so "
+              "that it runs them as an unprivileged user (docs/instructors.md).", file=sys.stderr)
+    else:
+        print(f"The submissions' code runs as {user!r}, without solutions/ or the other submissions in sight.")
+    grades = [grade(p, args.source, args.cell_timeout, args.timeout, sandbox_user=user, others=submissions)
+              for p in submissions]
     print()
     print(summary_table(grades))
     write_csv(grades, args.out)
@@ -462,8 +553,12 @@ def _worker_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.teaching.grading --worker")
     parser.add_argument("--worker", nargs=2, metavar=("NOTEBOOK", "RESULTS_FD"), required=True)
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT)
+    parser.add_argument("--jail-user")
+    parser.add_argument("--jail-home")
+    parser.add_argument("--jail-hide", action="append", default=[])
     args = parser.parse_args(argv)
-    return run_worker(Path(args.worker[0]), int(args.worker[1]), args.cell_timeout)
+    jail = None if args.jail_user is None else {"user": args.jail_user, "home": args.jail_home, "hide": args.jail_hide}
+    return run_worker(Path(args.worker[0]), int(args.worker[1]), args.cell_timeout, jail)
 
 
 if __name__ == "__main__":

@@ -65,12 +65,19 @@ def _plain(value):
 # --- the child -----------------------------------------------------------------------------------
 
 
-def _serve(conn, cwd: str, log: str) -> None:
-    """The child's loop: run cells, then answer the grader's questions about what they defined."""
-    os.chdir(cwd)
+def _serve(conn, cwd: str, log: str, jail: dict | None = None) -> None:
+    """The child's loop: run cells, then answer the grader's questions about what they defined.
+
+    ``jail`` (``user``, ``hide``, ``home``): become that user, with those folders hidden, before any cell runs.
+    """
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when the grader was started with SIGINT ignored
-    out = open(log, "a", buffering=1)
+    out = open(log, "a", buffering=1)  # opened first: the log lies where the sandbox's user may not write
     os.dup2(out.fileno(), 1), os.dup2(out.fileno(), 2)
+    if jail is not None:
+        from .jail import enter
+
+        enter(**jail)
+    os.chdir(cwd)
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
@@ -127,8 +134,8 @@ def _serve(conn, cwd: str, log: str) -> None:
 class Sandbox:
     """One child process holding a submission's cells; restarted (and the cells run again) if it dies."""
 
-    def __init__(self, cells: list[tuple[int, str]], cwd, timeout: float, log):
-        self.cells, self.cwd, self.timeout, self.log = cells, str(cwd), timeout, str(log)
+    def __init__(self, cells: list[tuple[int, str]], cwd, timeout: float, log, jail: dict | None = None):
+        self.cells, self.cwd, self.timeout, self.log, self.jail = cells, str(cwd), timeout, str(log), jail
         self.process = self.conn = None
         self.ran: list[int] = []  # indices of the cells run in the current child
         self.fatal: set[int] = set()  # cells after which the child was gone: not run again
@@ -137,7 +144,7 @@ class Sandbox:
     def _start(self) -> None:
         self.close()
         parent, child = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_serve, args=(child, self.cwd, self.log), daemon=True)
+        self.process = _CONTEXT.Process(target=_serve, args=(child, self.cwd, self.log, self.jail), daemon=True)
         self.process.start()
         child.close()
         self.conn, self.ran = parent, []

@@ -1,8 +1,13 @@
 """The checks' shared harness: how a check reports, calls the learner's function, launches their script."""
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
+
 import torch
 
 
@@ -54,6 +59,18 @@ class Report:
         if self.hints:
             message += ". Hint: " + " ".join(self.hints)
         raise CheckFailed(message)
+
+
+@contextlib.contextmanager
+def shared_folder(prefix: str = "check-"):
+    """A temporary folder the learner's code may read and write: when the grader runs it as another user (a check
+    hands it files, or asks it to write some), a private folder of the check's would be closed to it."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(folder, 0o777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def not_attempted(task: str, where: str) -> NotAttempted:

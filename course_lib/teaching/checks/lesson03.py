@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from ..sandbox import is_module
-from .harness import CheckFailed, NotAttempted, Report, call, launch_script, rank_outputs
+from .harness import CheckFailed, NotAttempted, Report, call, launch_script, rank_outputs, shared_folder
 
 
 def check_batch_of_one(model_class) -> None:
@@ -57,14 +57,12 @@ class _RunsCodeWhenLoaded:
 
 def check_load_model(load_model) -> None:
     """Task 03.2: load the seed's DDP checkpoint and the course's checkpoint; refuse pickled code."""
-    import tempfile
-
     from course_lib.model import MyModel
 
     report = Report("03.2", "load_model(path) for the seed's and the course's checkpoints")
     torch.manual_seed(7)
     trained = MyModel()
-    with tempfile.TemporaryDirectory() as tmp:
+    with shared_folder() as tmp:
         tmp = Path(tmp)
         files = {
             "the seed's checkpoint (state_dict of the DDP wrapper)":
