@@ -4,6 +4,7 @@
   gloo processes: a regression such as gradients summed instead of averaged by FSDP on gloo fails here.
 * The lesson script's ``save_checkpoint`` / ``load_checkpoint``: saved by 2 processes, loaded by 3, the parameters
   and the momentum come back exactly, the plain checkpoint loads into a plain model with ``weights_only=True``.
+  (Damaged checkpoints, refused by the manifest of checksums: tests/test_sharded_checkpoints.py.)
 GPU variants run the same with NCCL where there are enough GPUs.
 """
 import json
@@ -165,7 +166,7 @@ def test_sharded_checkpoint_saved_by_2_processes_resumes_exactly_on_3(backend, t
     (tmp_path / "program.py").write_text(ROUND_TRIP)
     _torchrun(tmp_path, 2, tmp_path / "program.py", tmp_path, "save", backend)
     files = sorted(p.name for p in (tmp_path / "checkpoints" / "dcp-1").iterdir())
-    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"], files
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json"], files
     assert not list((tmp_path / "checkpoints").glob("*.tmp")), "a temporary folder or file was left behind"
     _torchrun(tmp_path, 3, tmp_path / "program.py", tmp_path, "load", backend)
     saved, loaded = (json.loads((tmp_path / f"{p}.json").read_text()) for p in ("save", "load"))
@@ -191,7 +192,7 @@ def test_sharded_checkpoint_saved_by_2_processes_resumes_exactly_on_3(backend, t
     assert {n: t.tolist() for n, t in plain["model"].items()} == saved["params"]
 
 
-def test_loading_a_folder_without_metadata_names_the_fix_before_reading(tmp_path):
+def test_loading_a_folder_without_its_manifest_names_the_fix_before_reading(tmp_path):
     (tmp_path / "train_fsdp.py").write_text(script_source(SCRIPT))
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(f'''
         import importlib.util
@@ -202,3 +203,4 @@ def test_loading_a_folder_without_metadata_names_the_fix_before_reading(tmp_path
     ''')], capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode != 0
     assert "FileNotFoundError" in done.stderr and "not a complete sharded checkpoint" in done.stderr, done.stderr[-2000:]
+    assert "manifest.json" in done.stderr, done.stderr[-2000:]
