@@ -9,6 +9,8 @@
                                        generate exercises/ from solutions/ (--check: fail if out of date)
   python3 -m course_lib grade SUBMISSIONS... --out grades.csv
                                        execute and grade submitted exercise notebooks (instructors)
+  python3 -m course_lib sizes [NOTEBOOK...]
+                                       per lesson: prose words, visible code lines and asserts, repeated base
   python3 -m course_lib book [--only 00,02] [--reuse DIR]
                                        execute the lessons and build the HTML book in build/book/html
 
@@ -126,7 +128,8 @@ def _root_flag() -> list[str]:
 
 
 #: Commands whose code lives in a module of their own (instructors' tools), by the module's name.
-MODULE_COMMANDS = {"exercises": "teaching.exercises", "grade": "teaching.grading", "book": "teaching.book"}
+MODULE_COMMANDS = {"exercises": "teaching.exercises", "grade": "teaching.grading", "book": "teaching.book",
+                   "sizes": "teaching.sizes"}
 
 
 if __name__ == "__main__":
