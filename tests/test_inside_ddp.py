@@ -79,9 +79,11 @@ def test_an_unused_parameter_is_refused_by_name_on_every_rank(ranks):
         assert "spare.weight" in rank["unused_error"] and "find_unused_parameters" in rank["unused_error"]
 
 
-def test_our_buckets_are_those_of_torchs_rule_and_ddp_reduces_as_many(ranks):
+def test_our_buckets_are_those_ddp_reports_after_rebuilding_them(ranks):
     for report in ranks[0]["bucket_report"]:
         assert report["ours"] == report["ddp_rule"], report
+        assert report["ddp_first_step"] == [sum(report["bytes"])], report  # one bucket until DDP has seen a backward
+        assert report["ddp_rebuilt"] == report["bytes"], report
         assert report["ddp_reduced"] == len(report["ours"]), report
     assert [len(r["ours"]) for r in ranks[0]["bucket_report"]] == [3, 2, 1]
 
@@ -94,17 +96,24 @@ def test_torchs_ddp_raises_at_the_second_step_on_an_unused_parameter_and_trains_
         assert static["error"] is None and static["spare unchanged"], static
 
 
-def test_a_compiled_model_under_ddp_is_cut_into_one_graph_per_ddp_bucket(ranks):
+def test_a_compiled_model_under_ddp_is_cut_by_ddp_optimizers_rule_not_into_ddps_buckets(ranks):
     for rank in ranks:
         rows = rank["compile_graphs"]
         split = [r for r in rows if r["wrapping"] == "DDP(torch.compile(model))" and r["optimize_ddp"]
                  and r["bucket_cap_mb"] >= 1]
         assert [(r["bucket_cap_mb"], r["graphs"]) for r in split] == [(1, 8), (2, 5), (4, 3), (25, 2)], split
-        assert all(r["graphs"] == r["DDP's buckets"] for r in split), split
+        assert all(r["graphs"] == r["DDPOptimizer's rule"] for r in split), split
+        assert [r["DDP's buckets"] for r in split] == [8, 4, 2, 1], split  # DDP's first bucket is the cap when given
         unsplit = next(r for r in rows if not r["optimize_ddp"])
         assert unsplit["graphs"] == 1, unsplit
         small = next(r for r in rows if r["bucket_cap_mb"] < 1)
         assert small["graphs"] is None and "First bucket" in small["error"], small
+
+
+def test_compiling_the_ddp_wrapper_compiles_an_own_forward_but_not_a_sequential(ranks):
+    for rank in ranks:
+        outer = {r["model"]: r["graphs"] for r in rank["compile_graphs"] if r["wrapping"] == "torch.compile(DDP(model))"}
+        assert outer == {"nn.Sequential": 0, "own forward()": 3}, outer
 
 
 def test_a_barrier_only_rank_0_calls_times_out_and_monitored_barrier_names_the_missing_rank(ranks):
@@ -132,3 +141,126 @@ def test_join_lets_ddp_finish_uneven_inputs_with_equal_parameters_where_plain_dd
     assert without[1]["steps"] == 4 and without[1]["error"] is None, without[1]
     assert [c["steps"] for c in joined] == [5, 4] and all(c["error"] is None for c in joined), joined
     assert joined[0]["weight"] == joined[1]["weight"]
+
+
+# BucketedDDP where a parameter's hook does not run in every backward(), on 2 gloo processes under torchrun: a
+# branch skipped on some steps (on every rank) or on one rank only, with zero_grad(set_to_none=False), so that the
+# skipped parameters hold a zero .grad instead of None; and a model wrapped twice (a notebook cell run again).
+BRANCH_PROGRAM = textwrap.dedent('''
+    import datetime, importlib.util, json, os, sys
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    folder, script, case = sys.argv[1:4]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang fails in 20 s, not 30 min
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    spec = importlib.util.spec_from_file_location("train_bucketed", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    BucketedDDP = module.BucketedDDP
+
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk, self.branch, self.head = nn.Linear(20, 32), nn.Linear(32, 32), nn.Linear(32, 10)
+
+        def forward(self, x, use_branch):
+            h = torch.relu(self.trunk(x))
+            if use_branch:
+                h = h + torch.relu(self.branch(h))
+            return self.head(h)
+
+
+    def uses_branch(step, r):
+        return step % 2 == 0 if case == "some steps" else r == 0
+
+
+    outcome = {"error": None, "step": None}
+    if case == "wrapped twice":
+        model = nn.Linear(20, 10)
+        BucketedDDP(model)
+        try:
+            again = BucketedDDP(model)  # the cell run again: the first wrapper's hooks are still on the parameters
+            for step in range(2):
+                outcome["step"] = step
+                again(torch.randn(4, 20)).sum().backward()
+                again.sync_gradients()
+        except RuntimeError as err:
+            outcome["error"] = str(err)
+    else:
+        torch.manual_seed(0)
+        reference = Branchy()
+        torch.manual_seed(0)
+        ours = BucketedDDP(Branchy())
+        opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+        opt = torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9)
+        for step in range(5):
+            g = torch.Generator().manual_seed(step)
+            images, labels = torch.randn(8 * world_size, 20, generator=g), torch.randint(0, 10, (8 * world_size,), generator=g)
+            halves = [slice(r * 8, (r + 1) * 8) for r in range(world_size)]
+            opt_ref.zero_grad(set_to_none=False)
+            (sum(F.cross_entropy(reference(images[h], uses_branch(step, r)), labels[h]) for r, h in enumerate(halves))
+             / world_size).backward()
+            opt_ref.step()
+            opt.zero_grad(set_to_none=False)  # a skipped parameter keeps a zero .grad, not None
+            mine = halves[rank]
+            try:
+                F.cross_entropy(ours(images[mine], uses_branch(step, rank)), labels[mine]).backward()
+                ours.sync_gradients()
+            except RuntimeError as err:
+                outcome.update(error=str(err), step=step)
+                break
+            opt.step()
+        outcome["parameters"] = [p.detach().reshape(-1).tolist() for p in ours.module.parameters()]
+        outcome["vs_reference"] = max((p - q).abs().max().item()
+                                      for p, q in zip(reference.parameters(), ours.module.parameters()))
+    with open(os.path.join(folder, f"{case.replace(' ', '_')}-rank{rank}.json"), "w") as f:
+        json.dump(outcome, f)
+    dist.destroy_process_group()
+''')
+
+
+@pytest.fixture(scope="module")
+def bucketed_script(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bucketed")
+    (folder / "train_bucketed.py").write_text(script_source("runs/08_inside_ddp/train_bucketed.py"))
+    (folder / "program.py").write_text(BRANCH_PROGRAM)
+    return folder
+
+
+def _branch_case(folder, case):
+    """Each rank's outcome of BRANCH_PROGRAM's `case` on 2 processes."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), case],
+                          cwd=folder, capture_output=True, text=True, timeout=180, env=ENV)
+    outcomes = []
+    for r in range(2):
+        path = folder / f"{case.replace(' ', '_')}-rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no outcome (exit code {done.returncode}):\n{done.stderr[-3000:]}"
+        outcomes.append(json.loads(path.read_text()))
+    return outcomes
+
+
+@pytest.mark.parametrize("case", ["some steps", "one rank"])
+def test_bucketed_ddp_averages_a_sometimes_skipped_branch_or_refuses_it_on_every_rank(bucketed_script, case):
+    """Skipped on some steps, or on one rank only, with zero_grad(set_to_none=False): never a silent divergence."""
+    outcomes = _branch_case(bucketed_script, case)
+    errors = [o["error"] for o in outcomes]
+    # Whatever happened, the ranks still hold the same parameters: nothing diverged without a word.
+    gap = max(abs(a - b) for p, q in zip(outcomes[0]["parameters"], outcomes[1]["parameters"]) for a, b in zip(p, q))
+    assert gap < 1e-6, (f"the ranks' parameters differ by {gap:.3g}", errors)
+    if any(errors):
+        assert all(errors), f"only some ranks refused (the others go on, or wait forever): {errors}"
+        assert len({o["step"] for o in outcomes}) == 1, outcomes
+        for error in errors:
+            assert "branch.weight" in error and "find_unused_parameters" in error, error
+    else:
+        assert all(o["vs_reference"] < 1e-5 for o in outcomes), [o["vs_reference"] for o in outcomes]
+
+
+def test_wrapping_a_model_twice_says_it_is_already_wrapped(bucketed_script):
+    for outcome in _branch_case(bucketed_script, "wrapped twice"):
+        assert outcome["error"] and "already wrapped" in outcome["error"], outcome
