@@ -226,3 +226,22 @@ def test_checks_of_a_submissions_functions_and_classes_pass_its_solution_through
     if lesson == "03_ddp_pitfalls":
         untouched = grade(tmp_path / "released" / name, source_dir=tmp_path / "released", cell_timeout=300, quiet=True)
         assert statuses(untouched) == {t: NOT_ATTEMPTED for t in tasks}, untouched.tasks
+
+
+def test_a_submission_that_changes_the_release_stops_the_grading_before_any_later_grade(tmp_path, drop_box):
+    """Run as the grader's own user (no privilege separation), a submission can write the release the next grading
+    takes its checks from. The grader compares its own files and the releases with their state before the first
+    submission ran, after each one, and writes no grades once they changed."""
+    source = drop_box / "release"
+    released = submission(source / "ex.ipynb")
+    released.chmod(0o666)
+    tamper = f"    return 1\nopen({str(released)!r}, 'a').write(' ')\n"
+    first = submission(tmp_path / "a" / "ex.ipynb", t1=tamper, t2="    return 2")
+    second = submission(tmp_path / "b" / "ex.ipynb", t1="    return 1", t2="    return 2")
+    out = tmp_path / "grades.csv"
+    done = subprocess.run([sys.executable, "-m", "course_lib", "grade", str(first), str(second), "--out", str(out),
+                           "--source", str(source), "--sandbox-user", "none", "--cell-timeout", "60"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "the grader's own files changed" in done.stderr and str(released) in done.stderr
+    assert str(first) in done.stderr and not out.exists()

@@ -471,6 +471,24 @@ def grade(submission, source_dir: Path | None = EXERCISES, cell_timeout: float =
     return result
 
 
+def snapshot(folders) -> dict[str, str]:
+    """SHA-256 of every Python file and notebook under ``folders`` (the grader's package, the releases)."""
+    import hashlib
+
+    found = {}
+    for folder in map(Path, folders):
+        for path in sorted([*folder.rglob("*.py"), *folder.rglob("*.ipynb")]):
+            if "__pycache__" not in path.parts and ".ipynb_checkpoints" not in path.parts:
+                found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def changed_files(before: dict[str, str], folders) -> list[str]:
+    """The files of the snapshot ``before`` of ``folders`` that are now different, gone, or new."""
+    after = snapshot(folders)
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+
+
 def find_submissions(paths) -> list[Path]:
     """Notebooks named directly, and every ``*.ipynb`` under folders named (checkpoints skipped)."""
     found = []
@@ -530,18 +548,32 @@ def cli(argv: list[str]) -> int:
         return 2
     from .jail import unavailable
 
-    user = default_sandbox_user() if args.sandbox_user == "default" else args.sandbox_user
-    if args.sandbox_user != "default" and unavailable(user):
+    chosen = {"default": default_sandbox_user(), "none": None}
+    user = chosen.get(args.sandbox_user, args.sandbox_user)
+    if user is not None and unavailable(user):
         print(f"error: cannot run the submissions as {user!r}: {unavailable(user)}", file=sys.stderr)
         return 2
     if user is None:
-        print(f"warning: {unavailable('nobody')}. The submissions' code runs as this user: it can read solutions/ "
-              "and the other submissions, and write what this user can write. Run the grader as root (sudo) so "
-              "that it runs them as an unprivileged user (docs/instructors.md).", file=sys.stderr)
+        why = "--sandbox-user none was given" if args.sandbox_user == "none" else unavailable("nobody")
+        print(f"warning: {why}. The submissions' code runs as this user: it can read solutions/ and the other "
+              "submissions, and write what this user can write. Run the grader as root (sudo) so that it runs them "
+              "as an unprivileged user (docs/instructors.md).", file=sys.stderr)
     else:
         print(f"The submissions' code runs as {user!r}, without solutions/ or the other submissions in sight.")
-    grades = [grade(p, args.source, args.cell_timeout, args.timeout, sandbox_user=user, others=submissions)
-              for p in submissions]
+    # The grader's own code and the releases, as they were before any submission ran: checked again after each one.
+    watched = [Path(__file__).resolve().parent.parent, args.source]  # course_lib/ and the releases
+    trusted = snapshot(watched)
+    grades = []
+    for path in submissions:
+        grades.append(grade(path, args.source, args.cell_timeout, args.timeout, sandbox_user=user,
+                            others=submissions))
+        changed = changed_files(trusted, watched)
+        if changed:
+            print(f"error: while {path} was graded, the grader's own files changed: {', '.join(changed[:5])}"
+                  f"{' ...' if len(changed) > 5 else ''}. Grades from here on could not be trusted, so none are "
+                  "written. Restore those files (git checkout, or a fresh copy of the release), then grade again, "
+                  "as root so that the submissions cannot write them.", file=sys.stderr)
+            return 3
     print()
     print(summary_table(grades))
     write_csv(grades, args.out)
