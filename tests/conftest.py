@@ -27,6 +27,30 @@ def pytest_sessionstart(session):
             pytest.exit(f"{EXPECT_GPU_ENV} is set, but CUDA does not work here: {problem}", returncode=3)
 
 
+#: What a launcher sets for a rank. A test that leaves one of them in the pytest process makes every later kernel,
+#: grading and launch believe it is one rank of a larger world: Accelerate and the Trainer then wait for peers
+#: that never come (a cell times out minutes later, far from the test that caused it).
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                      "MASTER_PORT", "TORCHELASTIC_RUN_ID", "ACCELERATE_USE_CPU")
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_variables_leak():
+    """Fails the test that leaves a launcher variable set (or changed) in this process, naming it."""
+    before = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
+    yield
+    after = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
+    leaked = {name: value for name, value in after.items() if value != before[name]}
+    if leaked:
+        for name, value in before.items():  # put them back, so that one leak fails one test only
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        pytest.fail(f"this test left launcher variables changed in the test process: {leaked}; use monkeypatch "
+                    "(setenv before delenv for a name that may be absent) or a subprocess", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def mirror() -> Path:
     """A folder holding the four official MNIST files (from $COURSE_MNIST_MIRROR or ../shared)."""

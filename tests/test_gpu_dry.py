@@ -346,7 +346,12 @@ def test_the_interactive_ranks_join_nccl_on_their_own_gpu(monkeypatch):
     for name, value in (("get_rank", 1), ("get_world_size", 2), ("get_backend", "nccl")):
         monkeypatch.setattr(dist, name, lambda value=value: value)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)  # restored afterwards: the boot code sets them
+        # The boot code sets them in this process. setenv first so that monkeypatch records each one's
+        # previous state (absent included) and undoes the boot code's values after the test; a bare
+        # delenv(raising=False) of an absent name records nothing, and every later kernel and launch
+        # would inherit RANK=1 of a world of 2 at port 29500.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     namespace = {}
     exec(ranks._BOOT.format(rank=1, world=2, port=29500, backend="nccl", timeout=10), namespace)
     assert calls == [("set_device", "cuda:1"), ("init", "nccl", "cuda:1")], calls
