@@ -9,7 +9,17 @@ the course, and shows the difference as a coloured diff. A derived script is its
     # <<< snapshot
 
 Outside its regions it must equal its base line for line; ``write_script`` refuses it otherwise, so the
-lessons' scripts cannot drift apart. BASE names the path another cell writes (``runs/02_ddp/train.py``): its
+lessons' scripts cannot drift apart. The cell need not repeat the base: a line ``# ...`` stands for the base's
+lines at that place, unchanged, and a few base lines next to each region say where it goes::
+
+    p.add_argument("--seed", type=int, default=0)
+    # >>> bucket-cap: the bucket size
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    # <<< bucket-cap
+    return p.parse_args()
+    # ...
+
+``write_script`` splices the regions into the base and writes the complete file (see ``splice``). BASE names the path another cell writes (``runs/02_ddp/train.py``): its
 text is read from the lesson notebook that holds that cell, so a lesson never needs an earlier one run first.
 """
 from __future__ import annotations
@@ -30,6 +40,7 @@ from .display import in_notebook
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = re.compile(r"^\s*# >>> (?P<name>[\w.-]+)(:.*)?$")
 END = re.compile(r"^\s*# <<< (?P<name>[\w.-]+)\s*$")
+KEPT = re.compile(r"^\s*# \.\.\.\s*$")  # in a derived cell: the base's lines at this place, unchanged
 
 
 class LineageError(ValueError):
@@ -47,6 +58,7 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False, base: 
         text += "\n"
     if base is not None:
         base_text = script_source(base)
+        text = splice(base_text, text, name=str(path), base_name=base)
         check_lineage(base_text, text, name=str(path), base_name=base)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -145,6 +157,136 @@ def lineage_matches(base_text: str, derived_text: str) -> bool:
     return True
 
 
+def splice(base_text: str, cell_text: str, name: str = "the script", base_name: str = "its base") -> str:
+    """The complete derived script of a cell that holds its regions, base lines around them, and ``# ...`` lines.
+
+    Base lines in the cell (context) are found in the base in order. Between two of them (or the file's start or
+    end) the cell may hold: nothing (the base continues right there); ``# ...`` (the base's lines there, kept);
+    regions (they replace the base's lines there); ``# ...`` then a region (kept, then the region is inserted just
+    before the next context); a region then ``# ...`` (inserted right after the previous context, then kept). A
+    cell without ``# ...`` is the complete script already, and comes back unchanged.
+    """
+    if not any(KEPT.match(line) for line in cell_text.splitlines()):
+        return cell_text
+    base, lines = base_text.splitlines(), cell_text.splitlines()
+    spans = {r.first: r for r in regions(cell_text)}
+    tokens, i = [], 0  # ("context", lines) | ("kept", None) | ("region", lines), in the cell's order
+    while i < len(lines):
+        if i in spans:
+            tokens.append(("region", lines[i:spans[i].last + 1]))
+            i = spans[i].last + 1
+        elif KEPT.match(lines[i]):
+            tokens.append(("kept", None))
+            i += 1
+        else:
+            if not tokens or tokens[-1][0] != "context":
+                tokens.append(("context", []))
+            tokens[-1][1].append(lines[i])
+            i += 1
+    out, position, between = [], 0, []
+    for kind, chunk in tokens + [("end", None)]:
+        if kind in ("kept", "region"):
+            between.append((kind, chunk))
+            continue
+        if kind == "end":
+            found = len(base)
+        elif not between:
+            found = position if _same(base[position:position + len(chunk)], chunk) else None
+        else:
+            found = next((j for j in range(position, len(base) - len(chunk) + 1)
+                          if _same(base[j:j + len(chunk)], chunk)), None)
+        if found is None:
+            where = "right after the previous one" if not between else "after the previous one"
+            raise LineageError(f"{name}: these lines are not in {base_name} {where}:\n    {chunk[0].strip()}\n"
+                               "Lines outside the marked regions must be the base's own, in order; put '# ...' "
+                               "between two of them to keep the base's lines in between.")
+        if not between and found != position:
+            raise LineageError(f"{name} leaves out lines {position + 1}-{found} of {base_name} outside any region:"
+                               f"\n    {base[position].strip()}\nPut '# ...' there to keep them, or an empty region "
+                               "to say they are left out on purpose.")
+        kinds = [k for k, _ in between]
+        kept = base[position:found]
+        regions_text = [line for k, chunk_ in between if k == "region" for line in chunk_]
+        if kinds == ["kept"]:
+            out += kept
+        elif kinds and set(kinds) == {"region"}:
+            out += regions_text  # the regions replace the base's lines here
+        elif kinds and kinds[0] == "kept" and set(kinds[1:]) == {"region"}:
+            out += kept + regions_text
+        elif kinds and kinds[-1] == "kept" and set(kinds[:-1]) == {"region"}:
+            out += regions_text + kept
+        elif kinds:
+            first = next(chunk_[0].strip() for k, chunk_ in between if k == "region") if "region" in kinds else "# ..."
+            raise LineageError(f"{name}: nothing says where this goes in {base_name}:\n    {first}\nPut a line of "
+                               "the base right before or right after each region, between it and any '# ...'.")
+        if kind == "context":
+            out += base[found:found + len(chunk)]  # the base's own lines, comments included
+            position = found + len(chunk)
+        between = []
+    return "\n".join(out) + "\n"
+
+
+def _code(line: str) -> str:
+    """A line without its inline comment (PEP 8's two spaces then '#'), for lines that have code before it."""
+    code, mark, _ = line.partition("  # ")
+    return code.rstrip() if mark and code.strip() else line
+
+
+def _same(base_lines: list[str], cell_lines: list[str]) -> bool:
+    """Context lines of a cell match the base's line for line, except that inline comments may differ: a comment
+    edited in the base then reaches every derived script, and the cells that hold that line as context need no edit."""
+    return len(base_lines) == len(cell_lines) and all(
+        b == c or _code(b) == _code(c) != b for b, c in zip(base_lines, cell_lines))
+
+
+def compact(base_text: str, derived_text: str, context: int = 1) -> str:
+    """A cell for ``derived_text``: its regions, ``context`` non-blank base lines beside each, and ``# ...``.
+
+    The inverse of ``splice``: ``splice(base_text, compact(base_text, derived_text))`` is ``derived_text`` (more
+    context is taken where one line would be found at an earlier place of the base).
+    """
+    for extra in range(context, 40):
+        text = _compact(derived_text, extra)
+        try:
+            if splice(base_text, text) == derived_text:
+                return text
+        except LineageError:
+            pass
+    return derived_text
+
+
+def _compact(derived_text: str, context: int) -> str:
+    lines, found = derived_text.splitlines(), regions(derived_text)
+    if not found:
+        return derived_text
+
+    def reach(run, from_end):
+        """How many lines of a run hold ``context`` non-blank lines, counted from its start (or end)."""
+        seen, taken = 0, 0
+        for line in (reversed(run) if from_end else run):
+            if seen >= context:
+                break
+            taken += 1
+            seen += bool(line.strip())
+        return taken
+
+    out, position = [], 0
+    for index, region in enumerate(found + [None]):
+        run = lines[position:region.first if region else len(lines)]
+        head = reach(run, False) if index > 0 else 0  # after the previous region
+        tail = reach(run, True) if region else 0  # before this region
+        if head + tail < len(run) - 1:
+            indent = next((line[:len(line) - len(line.lstrip())] for line in run[len(run) - tail:] + run[head:]
+                           if line.strip()), "")
+            out += run[:head] + [indent + "# ..."] + run[len(run) - tail:]
+        else:
+            out += run
+        if region:
+            out += lines[region.first:region.last + 1]
+            position = region.last + 1
+    return "\n".join(out) + "\n"
+
+
 def check_lineage(base_text: str, derived_text: str, name: str = "the script", base_name: str = "its base") -> None:
     """Raise LineageError, naming the first stray line, unless ``derived_text`` is ``base_text`` plus regions."""
     if lineage_matches(base_text, derived_text):
@@ -171,9 +313,9 @@ def script_source(script: str | os.PathLike) -> str:
     wanted = Path(script).as_posix()
     for folder in ("notebooks", "solutions"):
         for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
-            for target, _, body in script_cells(notebook):
+            for target, base, body in _raw_script_cells(notebook):
                 if target == wanted:
-                    return body
+                    return body if base is None else splice(script_source(base), body, name=target, base_name=base)
     path = Path(script)
     if path.is_file():
         return path.read_text()
@@ -181,17 +323,36 @@ def script_source(script: str | os.PathLike) -> str:
                        "and there is no such file. Pass the path as the base's own %%write_script line gives it.")
 
 
-def script_cells(notebook: str | os.PathLike) -> list[tuple[str, str | None, str]]:
-    """Each ``%%write_script`` cell of a notebook as (target path, base or None, script text)."""
-    cells = json.loads(Path(notebook).read_text())["cells"]
+def script_cells(notebook: str | os.PathLike, as_written: bool = True) -> list[tuple[str, str | None, str]]:
+    """Each ``%%write_script`` cell of a notebook as (target path, base or None, script text).
+
+    The text is the complete script the cell writes (its base spliced in); ``as_written=False`` gives the cell's
+    own text instead.
+    """
     found = []
-    for cell in cells:
+    for target, base, body in _raw_script_cells(Path(notebook)):
+        if as_written and base is not None:
+            body = splice(script_source(base), body, name=target, base_name=base)
+        found.append((target, base, body))
+    return found
+
+
+_RAW_CELLS: dict[Path, tuple[float, list]] = {}
+
+
+def _raw_script_cells(notebook: Path) -> list[tuple[str, str | None, str]]:
+    stamp = notebook.stat().st_mtime_ns
+    if notebook in _RAW_CELLS and _RAW_CELLS[notebook][0] == stamp:
+        return _RAW_CELLS[notebook][1]
+    found = []
+    for cell in json.loads(notebook.read_text())["cells"]:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] != "code" or not source.startswith("%%write_script"):
             continue
         first, _, body = source.partition("\n")
         target, base = parse_magic_line(first[len("%%write_script"):])
         found.append((Path(target).as_posix(), base, body if body.endswith("\n") else body + "\n"))
+    _RAW_CELLS[notebook] = (stamp, found)
     return found
 
 

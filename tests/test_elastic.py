@@ -13,7 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
 import torch
@@ -21,6 +20,7 @@ import torch
 import course_lib
 from course_lib import LaunchError, MyModel
 from course_lib.cluster.multinode import torchrun_nodes
+from course_lib.scripts import script_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "04_torchrun_elastic.ipynb"
@@ -31,11 +31,11 @@ LAUNCH_TIMEOUT = 240  # seconds; generous because other jobs may share the cores
 
 def script_from_notebook(name: str) -> str:
     """The text the notebook's ``%%write_script runs/04_torchrun_elastic/<name>`` cell writes."""
-    header = f"%%write_script runs/04_torchrun_elastic/{name}"
-    for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
-        if cell.cell_type == "code" and cell.source.startswith(header):
-            return cell.source.partition("\n")[2]  # the text after the magic's line (which may name a --base)
-    raise AssertionError(f"{NOTEBOOK.name} has no cell starting with {header!r}")
+    wanted = f"runs/04_torchrun_elastic/{name}"
+    for target, _, text in script_cells(NOTEBOOK):  # the complete file, its base spliced in
+        if target == wanted:
+            return text
+    raise AssertionError(f"{NOTEBOOK.name} has no %%write_script {wanted} cell")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.scripts import LineageError, check_lineage, regions, script_cells, script_source
+from course_lib.scripts import (LineageError, _raw_script_cells, check_lineage, compact, regions, script_cells,
+                                script_source, splice)
 
 ROOT = Path(__file__).resolve().parent.parent
 # The three families' bases: raw DDP (lesson 02), Accelerate (lesson 05's port), the Trainer (lesson 06).
@@ -66,6 +67,86 @@ def test_a_region_may_replace_base_lines_and_an_empty_region_removes_them():
         check_lineage(base, "a\nc\nd\n")
     with pytest.raises(LineageError, match="never closed"):
         check_lineage(base, "a\n# >>> x: open\nb\nc\nd\n")
+
+
+BASE = "a\nb\nc\nd\ne\n"
+
+
+@pytest.mark.parametrize("cell,written", [
+    ("# ...\n", BASE),  # everything kept
+    ("a\n# ...\ne\n", BASE),
+    ("# ...\nb\n# >>> x: new c\nC\n# <<< x\nd\n# ...\n", None),  # a region replaces the lines between its neighbours
+    ("# ...\nb\n# >>> x: after b\nX\n# <<< x\n# ...\n", "a\nb\n# >>> x: after b\nX\n# <<< x\nc\nd\ne\n"),
+    ("# ...\n# >>> x: before d\nX\n# <<< x\nd\n# ...\n", "a\nb\nc\n# >>> x: before d\nX\n# <<< x\nd\ne\n"),
+    ("# ...\nd\n# >>> x: no e\n# <<< x\n", "a\nb\nc\nd\n# >>> x: no e\n# <<< x\n"),
+])
+def test_a_cell_holds_its_regions_and_the_base_fills_in_the_rest(cell, written):
+    written = written or "a\nb\n# >>> x: new c\nC\n# <<< x\nd\ne\n"
+    assert splice(BASE, cell) == written
+    check_lineage(BASE, written)
+
+
+@pytest.mark.parametrize("cell,message", [
+    ("# ...\nz\n# ...\n", "not in its base"),  # a line outside the regions that the base does not have
+    ("a\nc\n# ...\n", "not in its base right after"),  # the base's b is neither kept nor replaced
+    ("# ...\n# >>> x: where?\nX\n# <<< x\n# ...\n", "nothing says where"),
+    ("a\n# ...\nd\n", "leaves out lines 5-5"),  # the end of the base, dropped without a region
+])
+def test_a_cell_that_does_not_say_where_its_lines_go_is_refused_with_the_fix(cell, message):
+    with pytest.raises(LineageError, match=message):
+        splice(BASE, cell)
+
+
+def test_a_complete_script_in_a_cell_is_written_as_it_is():
+    assert splice(BASE, "a\n# >>> x: new b\nB\n# <<< x\nc\nd\ne\n") == "a\n# >>> x: new b\nB\n# <<< x\nc\nd\ne\n"
+
+
+@pytest.mark.parametrize("notebook,target,base,text", DERIVED)
+def test_every_derived_script_of_the_course_can_be_held_as_its_regions(notebook, target, base, text):
+    """compact() then splice() gives back the complete script, for every derived script the course writes."""
+    base_text = script_source(base)
+    cell = compact(base_text, text)
+    assert splice(base_text, cell) == text
+    assert cell.count("\n") < text.count("\n"), f"{target}: holding only its regions saves nothing"
+
+
+LESSON_DERIVED = [c for c in DERIVED if c.values[0].parent.name == "notebooks"]
+
+
+@pytest.mark.parametrize("notebook,target,base,text", LESSON_DERIVED)
+def test_a_lessons_derived_cell_holds_its_regions_not_its_base(notebook, target, base, text):
+    """The cell a learner reads is the compact form: regions, a base line beside each, and '# ...'."""
+    own = dict((t, body) for t, _, body in _raw_script_cells(notebook))[target]
+    assert own == compact(script_source(base), text), (
+        f"{notebook.name}: the cell writing {target} repeats lines of {base}; hold only the regions "
+        "(course_lib.scripts.compact gives the cell's text)")
+
+
+def test_a_change_to_the_base_is_made_once_and_every_lessons_script_follows():
+    """The inline comment of lesson 02's atomic save, edited in the base's cell only: every derived script has it."""
+    base = script_source("runs/02_ddp/train.py")
+    line = next(text for text in base.splitlines() if "# a reader sees the old file or the new one" in text)
+    edited = base.replace(line, line + " (edited)")
+    followers = 0
+    for param in LESSON_DERIVED:
+        notebook, target, base_name, text = param.values
+        if base_name == "runs/02_ddp/train.py" and line in text.splitlines():
+            own = dict((t, body) for t, _, body in _raw_script_cells(notebook))[target]
+            written = splice(edited, own, name=target)  # the cell itself is not edited
+            check_lineage(edited, written, name=target)
+            assert line + " (edited)" in written.splitlines(), target
+            followers += 1
+    assert followers >= 5, f"only {followers} lesson scripts derive save_checkpoint from lesson 02's base"
+
+
+def test_a_line_of_code_changed_in_the_base_is_named_where_a_cell_holds_it():
+    """Code (not a comment) is matched exactly: a cell holding the old line is refused, naming it."""
+    base = "a = 1  # one\nb = 2\nc = 3\n"
+    cell = "a = 1  # one\n# >>> x: new b\nb = 20\n# <<< x\nc = 3\n# ...\n"
+    assert splice(base, cell).startswith("a = 1  # one\n")
+    assert splice(base.replace("# one", "# the first"), cell).startswith("a = 1  # the first\n")
+    with pytest.raises(LineageError, match="a = 1"):
+        splice(base.replace("a = 1", "a = 10"), cell)
 
 
 def _plain_command(text: str) -> list[str] | None:
