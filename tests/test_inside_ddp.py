@@ -143,9 +143,9 @@ def test_join_lets_ddp_finish_uneven_inputs_with_equal_parameters_where_plain_dd
     assert joined[0]["weight"] == joined[1]["weight"]
 
 
-# BucketedDDP where a parameter's hook does not run in every backward(), on 2 gloo processes under torchrun: a
-# branch skipped on some steps (on every rank) or on one rank only, with zero_grad(set_to_none=False), so that the
-# skipped parameters hold a zero .grad instead of None; and a model wrapped twice (a notebook cell run again).
+# The hand-written DDPs where a parameter gets no gradient in some backward(), on 2 gloo processes under torchrun: a
+# branch skipped on some steps (on every rank) or on one rank only, with zero_grad(set_to_none=False) (a skipped
+# parameter holds a zero .grad) or set_to_none=True (its .grad is None); and a model wrapped twice (a cell run again).
 BRANCH_PROGRAM = textwrap.dedent('''
     import datetime, importlib.util, json, os, sys
     import torch
@@ -153,13 +153,14 @@ BRANCH_PROGRAM = textwrap.dedent('''
     import torch.nn.functional as F
     from torch import nn
 
-    folder, script, case = sys.argv[1:4]
+    folder, script, case, wrapper, to_none = sys.argv[1:6]
+    to_none = to_none == "none"
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang fails in 20 s, not 30 min
     rank, world_size = dist.get_rank(), dist.get_world_size()
     spec = importlib.util.spec_from_file_location("train_bucketed", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    BucketedDDP = module.BucketedDDP
+    BucketedDDP = getattr(module, wrapper)
 
 
     class Branchy(nn.Module):
@@ -175,7 +176,11 @@ BRANCH_PROGRAM = textwrap.dedent('''
 
 
     def uses_branch(step, r):
-        return step % 2 == 0 if case == "some steps" else r == 0
+        if case == "some steps":  # every rank skips it on odd steps
+            return step % 2 == 0
+        if case == "one rank":  # rank 1 never uses it
+            return r == 0
+        return step == 0 or r == 0  # "one rank later": every rank uses it at step 0, then rank 1 skips it
 
 
     outcome = {"error": None, "step": None}
@@ -201,11 +206,11 @@ BRANCH_PROGRAM = textwrap.dedent('''
             g = torch.Generator().manual_seed(step)
             images, labels = torch.randn(8 * world_size, 20, generator=g), torch.randint(0, 10, (8 * world_size,), generator=g)
             halves = [slice(r * 8, (r + 1) * 8) for r in range(world_size)]
-            opt_ref.zero_grad(set_to_none=False)
+            opt_ref.zero_grad(set_to_none=to_none)
             (sum(F.cross_entropy(reference(images[h], uses_branch(step, r)), labels[h]) for r, h in enumerate(halves))
              / world_size).backward()
             opt_ref.step()
-            opt.zero_grad(set_to_none=False)  # a skipped parameter keeps a zero .grad, not None
+            opt.zero_grad(set_to_none=to_none)  # False: a skipped parameter keeps a zero .grad, not None
             mine = halves[rank]
             try:
                 F.cross_entropy(ours(images[mine], uses_branch(step, rank)), labels[mine]).backward()
@@ -217,7 +222,7 @@ BRANCH_PROGRAM = textwrap.dedent('''
         outcome["parameters"] = [p.detach().reshape(-1).tolist() for p in ours.module.parameters()]
         outcome["vs_reference"] = max((p - q).abs().max().item()
                                       for p, q in zip(reference.parameters(), ours.module.parameters()))
-    with open(os.path.join(folder, f"{case.replace(' ', '_')}-rank{rank}.json"), "w") as f:
+    with open(os.path.join(folder, f"{case.replace(' ', '_')}-{wrapper}-{to_none}-rank{rank}.json"), "w") as f:
         json.dump(outcome, f)
     dist.destroy_process_group()
 ''')
@@ -231,28 +236,50 @@ def bucketed_script(tmp_path_factory):
     return folder
 
 
-def _branch_case(folder, case):
-    """Each rank's outcome of BRANCH_PROGRAM's `case` on 2 processes."""
+def _branch_case(folder, case, wrapper="BucketedDDP", set_to_none=False, must_finish=True):
+    """Each rank's outcome of BRANCH_PROGRAM's `case` on 2 processes (train_bucketed.py defines all three DDPs),
+    and the launch; ``must_finish=False`` leaves out the outcome of a rank that wrote none."""
+    to_none = "none" if set_to_none else "zero"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), case],
-                          cwd=folder, capture_output=True, text=True, timeout=180, env=ENV)
+                           str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), case, wrapper,
+                           to_none], cwd=folder, capture_output=True, text=True, timeout=180, env=ENV)
     outcomes = []
     for r in range(2):
-        path = folder / f"{case.replace(' ', '_')}-rank{r}.json"
-        assert path.exists(), f"rank {r} wrote no outcome (exit code {done.returncode}):\n{done.stderr[-3000:]}"
-        outcomes.append(json.loads(path.read_text()))
-    return outcomes
+        path = folder / f"{case.replace(' ', '_')}-{wrapper}-{to_none == 'none'}-rank{r}.json"
+        if must_finish:
+            assert path.exists(), f"rank {r} wrote no outcome (exit code {done.returncode}):\n{done.stderr[-3000:]}"
+        if path.exists():
+            outcomes.append(json.loads(path.read_text()))
+    return outcomes, done
 
 
-@pytest.mark.parametrize("case", ["some steps", "one rank"])
-def test_bucketed_ddp_averages_a_sometimes_skipped_branch_or_refuses_it_on_every_rank(bucketed_script, case):
-    """Skipped on some steps, or on one rank only, with zero_grad(set_to_none=False): never a silent divergence."""
-    outcomes = _branch_case(bucketed_script, case)
+# NaiveDDP and FlatDDP send every gradient a rank has, with no flags: a parameter used on one rank only is a
+# collective mismatch (the lesson says so, and what gloo prints); with set_to_none=False, once every rank holds a
+# .grad for it, the skipping rank sends zeros, which is the right share.
+MISMATCH = {("one rank", "NaiveDDP", False), ("one rank", "NaiveDDP", True), ("one rank", "FlatDDP", False),
+            ("one rank", "FlatDDP", True), ("one rank later", "NaiveDDP", True), ("one rank later", "FlatDDP", True)}
+
+
+@pytest.mark.parametrize("set_to_none", [False, True], ids=["zero-grads", "none-grads"])
+@pytest.mark.parametrize("wrapper", ["NaiveDDP", "FlatDDP", "BucketedDDP"])
+@pytest.mark.parametrize("case", ["some steps", "one rank", "one rank later"])
+def test_a_hand_written_ddp_averages_a_sometimes_skipped_branch_or_stops_every_rank(
+        bucketed_script, case, wrapper, set_to_none):
+    """A branch skipped on some steps, or on one rank only: never a silent divergence, never a hang."""
+    if (case, wrapper, set_to_none) in MISMATCH:
+        outcomes, done = _branch_case(bucketed_script, case, wrapper, set_to_none, must_finish=False)
+        assert done.returncode != 0, "a collective mismatch went unnoticed"
+        assert "Is there a distributed collective mismatch in your code?" in done.stderr, done.stderr[-3000:]
+        assert all(o["error"] for o in outcomes), outcomes  # the rank that wrote its outcome stopped with an error
+        assert all(o["step"] == outcomes[0]["step"] for o in outcomes)
+        return
+    outcomes, _ = _branch_case(bucketed_script, case, wrapper, set_to_none)
     errors = [o["error"] for o in outcomes]
     # Whatever happened, the ranks still hold the same parameters: nothing diverged without a word.
     gap = max(abs(a - b) for p, q in zip(outcomes[0]["parameters"], outcomes[1]["parameters"]) for a, b in zip(p, q))
     assert gap < 1e-6, (f"the ranks' parameters differ by {gap:.3g}", errors)
     if any(errors):
+        assert wrapper == "BucketedDDP", errors
         assert all(errors), f"only some ranks refused (the others go on, or wait forever): {errors}"
         assert len({o["step"] for o in outcomes}) == 1, outcomes
         for error in errors:
@@ -262,5 +289,5 @@ def test_bucketed_ddp_averages_a_sometimes_skipped_branch_or_refuses_it_on_every
 
 
 def test_wrapping_a_model_twice_says_it_is_already_wrapped(bucketed_script):
-    for outcome in _branch_case(bucketed_script, "wrapped twice"):
+    for outcome in _branch_case(bucketed_script, "wrapped twice")[0]:
         assert outcome["error"] and "already wrapped" in outcome["error"], outcome
