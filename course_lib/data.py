@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .display import shown_path
 from .errors import DataError  # lives in errors (no torch) so the command line can catch it by type
 
 #: Environment variable naming a folder that holds the four official MNIST ``.gz`` files.
@@ -134,7 +135,7 @@ def prepare_mnist(root: str | os.PathLike = DEFAULT_ROOT, verbose: bool = True) 
     for name in MNIST_FILES:
         _extract(raw / name)
     if verbose and not missing:
-        print(f"MNIST ready in {raw}")
+        print(f"MNIST ready in {shown_path(raw)}")
     return raw
 
 

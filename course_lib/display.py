@@ -6,6 +6,24 @@ import shutil
 from pathlib import Path
 
 
+def shown_path(path: str | Path) -> str:
+    """A path as a lesson prints it: relative to the working folder when inside it, else to the course's folder
+    (``<course>/...``) or the home folder (``~/...``); absolute only when it is elsewhere. A notebook's saved output
+    then names no folder of the machine it ran on."""
+    path = Path(path).absolute()
+    cwd = Path.cwd()
+    course = Path(__file__).resolve().parent.parent
+    for root, prefix in ((cwd, ""), (course, "<course>/"), (Path.home(), "~/")):
+        try:
+            rest = path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if root == cwd:
+            return rest if rest != "." else "."
+        return prefix + (rest if rest != "." else "")
+    return str(path)
+
+
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (where HTML shows), False in a shell, a terminal IPython or a test."""
     try:

@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .display import in_notebook
+from .display import in_notebook, shown_path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = re.compile(r"^\s*# >>> (?P<name>[\w.-]+)(:.*)?$")
@@ -74,7 +74,8 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False, base: 
         raise
     if not quiet:
         lines = text.count("\n")
-        print(f"Wrote {path} ({lines} lines). Run it from a shell in {Path.cwd()} with:\n  {launch_hint(path, text)}")
+        print(f"Wrote {shown_path(path)} ({lines} lines). Run it from a shell in {shown_path(Path.cwd())} with:\n"
+              f"  {launch_hint(path, text)}")
         if base is not None:
             show_diff(base_text, text, base, str(path))
     return path
@@ -95,7 +96,7 @@ def launch_hint(path: Path, text: str) -> str:
         stripped = line.strip()
         if stripped.startswith(("torchrun ", "accelerate launch", "ACCELERATE_USE_CPU=", "python ")):
             return stripped
-    return f"torchrun --standalone --nproc-per-node 2 {path}"
+    return f"torchrun --standalone --nproc-per-node 2 {shown_path(path)}"
 
 
 # ---------------------------------------------------------------- lineage: base + marked regions

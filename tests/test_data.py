@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from course_lib import data
+from course_lib.display import shown_path
 from course_lib.data import MIRROR_ENV, MNIST_FILES, DataError, md5, mnist_tensors, prepare_mnist
 
 
@@ -28,7 +29,7 @@ def test_prepare_with_valid_files_prints_one_line_and_touches_nothing(tmp_path, 
     capsys.readouterr()
     monkeypatch.delenv(MIRROR_ENV)  # the second call needs no source at all
     assert prepare_mnist(tmp_path) == raw
-    assert capsys.readouterr().out == f"MNIST ready in {raw}\n"
+    assert capsys.readouterr().out == f"MNIST ready in {shown_path(raw)}\n"
     assert {p.name: p.stat().st_mtime_ns for p in raw.iterdir()} == before, "nothing copied or extracted again"
 
 

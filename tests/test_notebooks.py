@@ -1,6 +1,7 @@
 """Every lesson notebook runs top to bottom in a fresh kernel, in fast settings (the solution notebooks run top to
 bottom under nbgrader's autograde: tests/test_nbgrader.py)."""
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -49,3 +50,9 @@ def test_notebook_runs_top_to_bottom(path):
     # Kept for the book (tests/test_book.py builds it from these instead of running every lesson again).
     EXECUTED.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, EXECUTED / path.name)
+    # The saved outputs travel (the book, a learner's copy): what course_lib prints names no folder of this machine.
+    here = str(Path(__file__).resolve().parent.parent)
+    leaks = [line for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+             if out.get("output_type") == "stream" for line in out.get("text", "").splitlines()
+             if line.startswith(("Wrote ", "MNIST ready in ")) and here in line]
+    assert not leaks, f"{path.name} prints this machine's folders: {leaks[:3]}"

@@ -4,14 +4,32 @@ import sys
 
 import pytest
 
+from pathlib import Path
+
+import course_lib
+from course_lib.display import shown_path
 from course_lib.scripts import write_script, write_script_magic
 
 
-def test_writes_file_and_creates_folders(tmp_path, capsys):
+def test_writes_file_and_creates_folders(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     path = write_script(tmp_path / "runs" / "lesson" / "hello.py", "print('hi')")
     assert path.read_text() == "print('hi')\n"
     out = capsys.readouterr().out
-    assert str(path) in out and "torchrun" in out
+    assert "Wrote runs/lesson/hello.py (1 lines). Run it from a shell in . with:" in out and "torchrun" in out
+
+
+def test_printed_paths_name_no_folder_of_the_machine(tmp_path, monkeypatch):
+    """Saved outputs travel (the book, a learner's notebook): relative to the working folder, the course or home."""
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(tmp_path / "runs" / "a.py") == "runs/a.py"
+    assert shown_path(tmp_path) == "."
+    course = Path(course_lib.__file__).resolve().parent.parent
+    assert shown_path(course / "data" / "MNIST") == "<course>/data/MNIST"
+    monkeypatch.setenv("HOME", str(tmp_path.parent))
+    monkeypatch.chdir(course)
+    assert shown_path(tmp_path / "x") == f"~/{tmp_path.name}/x"
+    assert shown_path("/etc/hostname") == "/etc/hostname"
 
 
 def test_written_script_runs_without_notebook_state(tmp_path):
