@@ -54,13 +54,25 @@ def show_table(rows: list[dict], columns: list[str] | None = None, title: str | 
         head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in cells)
         caption = f"<caption style='text-align:left'><b>{html.escape(title)}</b></caption>" if title else ""
-        display(HTML(f"<table>{caption}<tr>{head}</tr>{body}</table>"))
+        # The rows themselves travel in the output's metadata, so that what a lesson says about its tables can be
+        # checked from the executed notebook (course_lib.teaching.verify) instead of by asserts in the lesson.
+        data = {"title": title, "columns": columns, "rows": [{c: _plain(row.get(c)) for c in columns} for row in rows]}
+        display(HTML(f"<table>{caption}<tr>{head}</tr>{body}</table>"), metadata={"course_table": data})
         return
     widths = [max(len(str(c)), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = [title] if title else []
     lines.append("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)).rstrip())
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     print("\n".join(lines))
+
+
+def _plain(value):
+    """A table cell as JSON keeps it: numbers and strings as they are, anything else (a tensor, a path) as text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    return str(value)
 
 
 def fresh_run_dir(path: str | Path) -> Path:

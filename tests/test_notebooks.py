@@ -6,6 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib.teaching.verify import verify
 from notebook_runner import ROOT, execute_notebook, fast_parameters, has_outputs, inject_parameters, parameters_index
 
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -56,3 +57,6 @@ def test_notebook_runs_top_to_bottom(path):
              if out.get("output_type") == "stream" for line in out.get("text", "").splitlines()
              if line.startswith(("Wrote ", "MNIST ready in ")) and here in line]
     assert not leaks, f"{path.name} prints this machine's folders: {leaks[:3]}"
+    # What the lesson says about its run, checked from what the run left (its asserts moved there).
+    if path.parent.name == "notebooks":
+        verify(path.stem, nb, path.parent)

@@ -2,7 +2,11 @@
 a static HTML site by Sphinx with myst-nb. The lesson list is the index, each lesson links to its exercises (as
 released to learners, not executed), and every page names the machine its outputs came from.
 
-  python3 -m course_lib book [--out build/book] [--only 00,02] [--reuse DIR] [--timeout SECONDS]
+  python3 -m course_lib book [--out build/book] [--only 00,02] [--reuse DIR] [--timeout SECONDS] [--defaults]
+
+Each lesson it executes is then checked against what it claims about its run (``course_lib.teaching.verify``); a
+claim that does not hold stops the build. ``--defaults`` runs the lessons with a learner's settings (Run All)
+instead of their fast ones, which is how the learner's defaults are checked outside CI.
 
 ``--reuse DIR`` takes a lesson's executed copy from DIR when it was executed from the committed source (the same
 sha256), for example the copies the notebook tests leave in ``test-output/executed``; every other lesson is
@@ -98,18 +102,25 @@ def executed_copy(lesson: Path, reuse: Path | None) -> nbformat.NotebookNode | N
     return nb if record.get("source_sha256") == _sha256(lesson) else None
 
 
-def _execute(lesson: Path, timeout: int) -> nbformat.NotebookNode:
+def _execute(lesson: Path, timeout: int, defaults: bool = False) -> nbformat.NotebookNode:
+    """Run a lesson (its fast settings, or with ``defaults`` a learner's Run All) and check what it claims."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from .notebooks import execute
+    from .verify import ClaimFailed, verify
 
     try:
-        return execute(lesson, timeout=timeout, by="the book's build")
+        nb = execute(lesson, {} if defaults else None, timeout=timeout, by="the book's build")
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
         first = str(exc).strip().splitlines()
         raise BookError(f"{lesson.name} did not run top to bottom, so the book was not built: "
                         f"{type(exc).__name__}: {' '.join(first[-3:])[:600]}\nRun it in JupyterLab to see where, "
                         f"or build the other lessons with --only.") from exc
+    try:
+        verify(lesson.stem, nb, lesson.parent)
+    except ClaimFailed as failed:
+        raise BookError(f"{failed}\nThe book was not built: its pages would say what this run did not show.") from None
+    return nb
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -198,9 +209,10 @@ the machine was. On a machine with GPUs the same lessons choose NCCL and one pro
 
 
 def build(out: Path = ROOT / "build" / "book", only: list[str] | None = None, reuse: Path | None = None,
-          timeout: int = 900, log=print, source: Path = ROOT / "notebooks") -> Book:
-    """Execute the lessons in ``source`` (or take them from ``reuse``), write the Sphinx source into ``out/src``
-    and build ``out/html``. The previous site is replaced only once the new one is built."""
+          timeout: int = 900, log=print, source: Path = ROOT / "notebooks", defaults: bool = False) -> Book:
+    """Execute the lessons in ``source`` (or take them from ``reuse``), check what each claims about its run
+    (``verify``), write the Sphinx source into ``out/src`` and build ``out/html``. ``defaults``: run the lessons with
+    a learner's settings instead of their fast ones. The previous site is replaced only once the new one is built."""
     from ..devices import machine_summary
 
     start = time.monotonic()
@@ -215,7 +227,7 @@ def build(out: Path = ROOT / "build" / "book", only: list[str] | None = None, re
             log(f"[{i}/{len(chosen)}] {lesson.stem}: executed copy from {reuse} (same source)")
         else:
             log(f"[{i}/{len(chosen)}] {lesson.stem}: executing with its fast settings ...")
-            nb = _execute(lesson, timeout)
+            nb = _execute(lesson, timeout, defaults)
             (out / "executed").mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, out / "executed" / lesson.name)  # a later build can take it: --reuse OUT/executed
             book.executed.append(lesson.stem)
@@ -268,12 +280,15 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help="comma-separated lesson prefixes, e.g. 00,02 (default: all)")
     parser.add_argument("--reuse", type=Path, help="a folder of executed lessons to take when their source matches")
     parser.add_argument("--timeout", type=int, default=900, help="seconds a cell may run (default 900)")
+    parser.add_argument("--defaults", action="store_true",
+                        help="run the lessons with their own settings (a learner's Run All), not the fast ones")
     args = parser.parse_args(argv)
     from ..data import prepare_mnist
 
     prepare_mnist()  # the lessons train on it
     try:
-        build(args.out, only=[s for s in args.only.split(",") if s] or None, reuse=args.reuse, timeout=args.timeout)
+        build(args.out, only=[s for s in args.only.split(",") if s] or None, reuse=args.reuse, timeout=args.timeout,
+              defaults=args.defaults)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

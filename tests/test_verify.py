@@ -1,0 +1,81 @@
+"""The claims lessons make about their runs are checked from the runs' artifacts (course_lib.teaching.verify): a
+false claim is found and named; claims about a library's behaviour (not about a run) are checked here directly."""
+import json
+import shutil
+
+import nbformat
+import pytest
+from torch.utils.data.distributed import DistributedSampler
+
+from course_lib.teaching.verify import ROOT, ClaimFailed, Run, verify
+
+EXECUTED = ROOT / "test-output" / "executed"
+
+
+def test_two_ranks_see_every_sample_once_and_set_epoch_reshuffles():
+    """Lesson 02, section 2's picture: what DistributedSampler gives two ranks, with and without set_epoch."""
+    def orders(epoch):
+        found = []
+        for rank in range(2):
+            sampler = DistributedSampler(range(16), num_replicas=2, rank=rank, shuffle=True, seed=0)
+            if epoch is not None:
+                sampler.set_epoch(epoch)
+            found.append(list(sampler))
+        return found
+
+    e0, e1, stale = orders(0), orders(1), orders(None)
+    assert sorted(e0[0] + e0[1]) == list(range(16))
+    assert e1 != e0 and stale == e0
+
+
+def test_three_ranks_are_handed_two_padded_validation_samples():
+    assert sum(len(DistributedSampler(range(10_000), num_replicas=3, rank=r, shuffle=False)) for r in range(3)) == 10_002
+
+
+def _notebook(parameters: str, printed: str = "", table=None):
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(parameters, metadata={"tags": ["parameters"]})
+    outputs = [nbformat.v4.new_output("stream", name="stdout", text=printed)]
+    if table:
+        outputs.append(nbformat.v4.new_output("display_data", data={"text/html": "<table></table>"},
+                                              metadata={"course_table": table}))
+    cell.outputs = outputs
+    nb.cells.append(cell)
+    return nb
+
+
+def test_a_run_reads_parameters_printed_numbers_and_tables():
+    nb = _notebook("EPOCHS = 2\nLR = 0.03  # comment", "The lesson's first step is 15 times the seed's",
+                   {"title": None, "columns": ["a"], "rows": [{"a": 1}]})
+    nb.cells.append(nbformat.v4.new_code_cell("EPOCHS = 1", metadata={"tags": ["injected-parameters"]}))
+    run = Run(nb, ROOT)
+    assert run.parameters == {"EPOCHS": 1, "LR": 0.03}
+    assert run.number(r"first step is (\d+) times") == 15
+    assert run.table("a") == [{"a": 1}] and run.table("b") == [] and run.failures
+
+
+def test_a_lesson_whose_runs_are_missing_fails_naming_them(tmp_path):
+    nb = _notebook("EPOCHS = 1\nSEED_EPOCHS = 1\nGRID_STEPS = 20\nEVAL_NPROCS = [3]\nLR = 0.03\nMOMENTUM = 0.9\n"
+                   "SEED_LR = 0.001")
+    with pytest.raises(ClaimFailed, match="the lesson's run logged 0 epochs"):
+        verify("02_ddp", nb, tmp_path)
+
+
+def test_a_lesson_without_claims_yet_checks_nothing(tmp_path):
+    assert verify("00_setup", _notebook("X = 1"), tmp_path) == 0
+
+
+def test_lesson_02s_claims_hold_in_its_run_and_one_changed_record_is_found(tmp_path):
+    """On the run tests/test_notebooks.py left (it runs first): every claim holds; then one epoch counted 9,999."""
+    if not (EXECUTED / "02_ddp.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
+        pytest.skip("lesson 02 has not been executed by tests/test_notebooks.py in this run")
+    nb = nbformat.read(EXECUTED / "02_ddp.ipynb", as_version=4)
+    assert verify("02_ddp", nb, ROOT / "notebooks") >= 18
+    shutil.copytree(ROOT / "notebooks" / "runs" / "02_ddp", tmp_path / "runs" / "02_ddp")
+    metrics = tmp_path / "runs" / "02_ddp" / "seed" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    next(r for r in records if r.get("event") == "epoch")["val_count"] = 9_999
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ClaimFailed, match="both runs counted 10,000 validation samples") as failed:
+        verify("02_ddp", nb, tmp_path)
+    assert "1 of" in str(failed.value), failed.value  # only that claim
