@@ -62,7 +62,7 @@ def test_a_lesson_whose_runs_are_missing_fails_naming_them(tmp_path):
 
 
 def test_a_lesson_without_claims_yet_checks_nothing(tmp_path):
-    assert verify("00_setup", _notebook("X = 1"), tmp_path) == 0
+    assert verify("01_collectives", _notebook("X = 1"), tmp_path) == 0
 
 
 def test_lesson_02s_claims_hold_in_its_run_and_one_changed_record_is_found(tmp_path):
@@ -79,3 +79,17 @@ def test_lesson_02s_claims_hold_in_its_run_and_one_changed_record_is_found(tmp_p
     with pytest.raises(ClaimFailed, match="both runs counted 10,000 validation samples") as failed:
         verify("02_ddp", nb, tmp_path)
     assert "1 of" in str(failed.value), failed.value  # only that claim
+
+
+def test_lesson_00s_claims_hold_in_its_run_and_a_wrong_sum_is_found():
+    if not (EXECUTED / "00_setup.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
+        pytest.skip("lesson 00 has not been executed by tests/test_notebooks.py in this run")
+    nb = nbformat.read(EXECUTED / "00_setup.ipynb", as_version=4)
+    assert verify("00_setup", nb, ROOT / "notebooks") == 5
+    cell = next(c for c in nb.cells if c.get("id") == "743a47b2")
+    shown = next(o for o in cell.outputs if "text/markdown" in o.get("data", {}))
+    rows = shown["data"]["text/markdown"].splitlines()
+    rows[-1] = rows[-1][:rows[-1].rindex("|", 0, -1)] + "| 7.0 |"  # the last rank's sum_of_ranks
+    shown["data"]["text/markdown"] = "\n".join(rows)
+    with pytest.raises(ClaimFailed, match="received the same sum"):
+        verify("00_setup", nb, ROOT / "notebooks")
