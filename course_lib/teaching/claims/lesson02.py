@@ -1,0 +1,77 @@
+"""What lesson 02 says about its run, checked from its artifacts (see course_lib.teaching.verify)."""
+from __future__ import annotations
+
+import math
+import re
+
+
+def check(run) -> None:
+    p = run.parameters
+    lesson, seed = run.events("runs/02_ddp/lesson"), run.events("runs/02_ddp/seed")
+    run.claim(len(lesson) == p["EPOCHS"], f"the lesson's run logged {len(lesson)} epochs, not EPOCHS = {p['EPOCHS']}")
+    run.claim(len(seed) == p["SEED_EPOCHS"], f"the seed's run logged {len(seed)} epochs, not {p['SEED_EPOCHS']}")
+    run.claim(all(m["val_count"] == 10_000 for m in lesson + seed),
+              "both runs counted 10,000 validation samples after every epoch")
+    if not lesson or not seed:
+        return
+    run.claim(lesson[0]["val_acc"] >= 0.90, f"one epoch of cross-entropy reaches 90% (got {lesson[0]['val_acc']:.4f})")
+    run.claim(lesson[0]["val_acc"] > max(m["val_acc"] for m in seed),
+              "the lesson's recipe after 1 epoch beats the seed's best epoch")
+
+    first = run.number(r"The lesson's first step is (\d+) times the seed's")
+    run.claim(first is not None and first > 10, f"the lesson's first SGD step is over 10x the seed's (printed {first})")
+
+    grid = {(r["loss"], r["lr"], r["momentum"]): r[f"top-1 after {p['GRID_STEPS']} steps"]
+            for r in run.table(f"top-1 after {p['GRID_STEPS']} steps")}
+    if grid:
+        mse = [acc for (loss, _, _), acc in grid.items() if loss == "MSE"]
+        run.claim(grid[("cross-entropy", p["SEED_LR"], 0.0)] > grid[("MSE", p["SEED_LR"], 0.0)],
+                  "at the seed's settings, cross-entropy alone learns more than MSE")
+        run.claim(grid[("cross-entropy", p["LR"], p["MOMENTUM"])] > max(mse),
+                  "the lesson's recipe beats every MSE recipe of the grid")
+
+    evals = [lesson[-1]] + [m for n in p["EVAL_NPROCS"] for m in run.events(f"runs/02_ddp/eval-{n}", "eval")[:1]]
+    run.claim(len(evals) == 1 + len(p["EVAL_NPROCS"]) and all(m["val_count"] == 10_000 for m in evals),
+              f"the checkpoint was evaluated at {p['EVAL_NPROCS']} processes too, 10,000 samples each time")
+    corrects = [m["val_correct"] for m in evals]
+    gloo = all(m["backend"] == "gloo" for m in evals)
+    run.claim(max(corrects) - min(corrects) <= (0 if gloo else 10),
+              f"every world size counts the same correct predictions on the CPU (got {corrects})")
+
+    # The checkpoint, loaded here into a plain MyModel and evaluated in this process.
+    import torch
+
+    from course_lib import MyModel
+    from course_lib.data import mnist_tensors
+
+    state = torch.load(run.folder / f"runs/02_ddp/lesson/checkpoints/checkpoint-{p['EPOCHS'] - 1}.pt",
+                       map_location="cpu", weights_only=True)
+    run.claim(not any(k.startswith("module.") for k in state["model"]), "the checkpoint holds the unwrapped model")
+    model = MyModel()
+    model.load_state_dict(state["model"])
+    model.eval()
+    images, labels = mnist_tensors(train=False)
+    with torch.no_grad():
+        correct = sum((model(x).argmax(1) == y).sum().item() for x, y in zip(images.split(256), labels.split(256)))
+    run.claim(correct == lesson[-1]["val_correct"] if gloo else abs(correct - lesson[-1]["val_correct"]) <= 10,
+              f"one process scores the checkpoint as the distributed evaluation did ({correct} vs "
+              f"{lesson[-1]['val_correct']})")
+    buffers = state["optimizer"]["state"]
+    run.claim(len(buffers) == len(list(model.parameters())) and all("momentum_buffer" in s for s in buffers.values()),
+              "the checkpoint holds a momentum buffer for each parameter tensor")
+    ratio = run.number(r"the first step after the resume is ([\d.]+)x")
+    run.claim(ratio is not None and abs(ratio - 1) > 0.05,
+              f"a resume with the optimizer's state takes another first step than a fresh optimizer ({ratio}x)")
+
+    panel = run.events("runs/02_ddp/panel")
+    run.claim([m["val_count"] for m in panel] == [10_000], "the launch panel's run finished its epoch and evaluated")
+
+    rows = run.table("samples seen")
+    run.claim(len(rows) >= 2 and len({r["samples seen"] for r in rows}) == 1,
+              "the global-batch runs all saw the same number of samples")
+    for row in rows:
+        found = re.match(r"(\d+) process(?:es)?, batch (\d+)", row["recipe"])
+        runs = run.events(f"runs/02_ddp/batch/{found.group(1)}x{found.group(2)}") if found else []
+        run.claim(bool(runs) and runs[-1]["steps"] == row["steps"] and runs[-1]["val_count"] == 10_000,
+                  f"the run '{row['recipe']}' took its {row['steps']} steps and evaluated 10,000 samples")
+    run.claim(math.isfinite(sum(r["val top-1"] for r in rows)), "every global-batch run has an accuracy")
