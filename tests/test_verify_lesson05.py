@@ -1,0 +1,79 @@
+"""Lesson 05's claims (course_lib/teaching/claims/lesson05.py) hold in its run and a false one is named; the facts
+about Accelerate's prepared loaders that the lesson shows, and that do not depend on its run, are tested here."""
+import json
+import shutil
+
+import nbformat
+import pytest
+import torch
+from accelerate.data_loader import prepare_data_loader
+from accelerate.state import AcceleratorState
+from torch.utils.data import DataLoader, TensorDataset
+
+from course_lib.teaching.verify import ROOT, ClaimFailed, verify
+
+EXECUTED = ROOT / "test-output" / "executed"
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Accelerate keeps one state per process: start and leave this test without one."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _epoch(seedable, epoch=1, skip=0, draws=0):
+    """Lesson 05's epoch_batches: one epoch of a shuffled, prepared loader of the numbers 0-63, seed 0."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, set_seed
+
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=seedable))
+    set_seed(0)
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(64)), batch_size=8, shuffle=True))
+    loader.set_epoch(epoch)
+    torch.rand(draws)
+    if skip:
+        loader = accelerator.skip_first_batches(loader, skip)
+    return [batch[0].tolist() for batch in loader]
+
+
+def test_a_seedable_sampler_resumes_mid_epoch_with_the_batches_left(fresh_accelerate):
+    """Section 7: set_seed + set_epoch fix the order, whatever was drawn since; skip_first_batches skips."""
+    whole = _epoch(seedable=True)
+    resumed = _epoch(seedable=True, skip=3, draws=1000)
+    assert resumed == whole[3:] and len(resumed) == len(whole) - 3
+    assert _epoch(seedable=True, epoch=2) != whole  # each epoch its own order
+
+
+def test_split_batches_and_even_batches_share_ten_numbers_over_three_processes():
+    """Section 7's table: the batch size per process or cut in pieces; even batches repeat, uneven read once."""
+    ten = TensorDataset(torch.arange(10))
+    shares = {(split, even): [[b[0].tolist() for b in prepare_data_loader(
+        DataLoader(ten, batch_size=6 if split else 4), num_processes=3, process_index=rank, split_batches=split,
+        even_batches=even)] for rank in range(3)] for split in (False, True) for even in (True, False)}
+    assert {split: [len(shares[split, True][r][0]) for r in range(3)] for split in (False, True)} == \
+        {False: [4, 4, 4], True: [2, 2, 2]}
+    assert all(len(set(map(len, shares[split, True]))) == 1 for split in (False, True))  # the same batch count
+    assert sorted(n for batches in shares[False, False] for b in batches for n in b) == list(range(10))
+
+
+def test_lesson_05s_claims_hold_in_its_run_and_a_wrong_accumulation_is_found(tmp_path):
+    """On the run tests/test_notebooks.py left (it runs first): every claim holds; then the accumulation run's
+    metrics say the optimizer stepped on every batch, and that claim alone fails."""
+    if not (EXECUTED / "05_accelerate.ipynb").exists():  # checked when the test runs, after test_notebooks.py
+        pytest.skip("lesson 05 has not been executed by tests/test_notebooks.py in this run")
+    nb = nbformat.read(EXECUTED / "05_accelerate.ipynb", as_version=4)
+    checked = verify("05_accelerate", nb, ROOT / "notebooks")
+    assert checked == 37
+    shutil.copytree(ROOT / "notebooks" / "runs" / "05_accelerate", tmp_path / "runs" / "05_accelerate",
+                    ignore=shutil.ignore_patterns("logs", "state", "*.pkl"))
+    metrics = tmp_path / "runs" / "05_accelerate" / "accum" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    for record in records:
+        if record.get("event") == "epoch":
+            record["optimizer_steps"] = record["steps_per_epoch"]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ClaimFailed, match="the optimizer stepped once per") as failed:
+        verify("05_accelerate", nb, tmp_path)
+    assert "1 of" in str(failed.value), failed.value  # only that claim
