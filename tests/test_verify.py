@@ -65,6 +65,13 @@ def test_a_lesson_without_claims_yet_checks_nothing(tmp_path):
     assert verify("99_no_such_lesson", _notebook("X = 1"), tmp_path) == 0
 
 
+def test_a_notebook_that_only_shares_a_lessons_number_is_not_held_to_its_claims(tmp_path):
+    """A copy or a small test lesson named 00_small is not lesson 00_setup; 00_setup itself is."""
+    assert verify("00_small", _notebook("X = 1"), tmp_path) == 0
+    with pytest.raises(ClaimFailed, match="00_setup"):
+        verify("00_setup", _notebook("X = 1"), tmp_path)
+
+
 def test_lesson_02s_claims_hold_in_its_run_and_one_changed_record_is_found(tmp_path):
     """On the run tests/test_notebooks.py left (it runs first): every claim holds; then one epoch counted 9,999."""
     if not (EXECUTED / "02_ddp.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py

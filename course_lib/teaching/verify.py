@@ -101,9 +101,15 @@ class Run:
 
 
 def claims_of(lesson: str):
-    """The ``check(run)`` of lesson ``lesson`` (``course_lib/teaching/claims/lessonNN.py``), or None."""
+    """The ``check(run)`` of the course's lesson ``lesson`` (``course_lib/teaching/claims/lessonNN.py``), or None.
+
+    Only a lesson of the course has claims: another notebook whose name starts with the same number (a copy, a
+    test's small lesson) has none.
+    """
     import importlib
 
+    if not (ROOT / "notebooks" / f"{lesson}.ipynb").is_file():
+        return None
     try:
         module = importlib.import_module(f"{__package__}.claims.lesson{lesson[:2]}")
     except ModuleNotFoundError:
