@@ -5,6 +5,9 @@ def check(run) -> None:
     data = run.cell_text("77284c4d")
     run.claim("X_val (10000, 1, 28, 28)" in data and "y_val (10000,)" in data,
               "the validation set is 10,000 images of 1x28x28 with 10,000 labels")
+    source = run.cell_text("mymodel-src")
+    run.claim("class MyModel(nn.Module)" in source and "return x.flatten(1)" in source,
+              "section 3 shows MyModel's code, ending with flatten(1)")
     run.claim("MyModel's flatten(1): (1, 10)" in run.cell_text("94e3b017"),
               "MyModel keeps the batch dimension for a batch of one: (1, 10)")
     rows = [line.strip("| ").split(" | ") for line in run.cell_text("743a47b2").splitlines()
