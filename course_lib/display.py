@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import math
 import shutil
 from pathlib import Path
 
@@ -67,11 +68,17 @@ def show_table(rows: list[dict], columns: list[str] | None = None, title: str | 
 
 
 def _plain(value):
-    """A table cell as JSON keeps it: numbers and strings as they are, anything else (a tensor, a path) as text."""
+    """A table cell as JSON keeps it: numbers and strings as they are, anything else (a tensor, a path) as text.
+
+    JSON has no NaN or infinity: a diverged loss travels as the text "nan", "inf" or "-inf" (course_lib.teaching.verify
+    reads those back as floats), instead of a message Jupyter fails to serialize.
+    """
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        return value.item()
     return str(value)
 
 

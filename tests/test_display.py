@@ -25,3 +25,29 @@ def test_a_fresh_run_dir_is_empty_even_when_an_earlier_run_left_a_checkpoint(tmp
     folder = fresh_run_dir(tmp_path / "run")
     assert folder == tmp_path / "run" and folder.is_dir() and not any(folder.iterdir())
     assert fresh_run_dir(tmp_path / "new" / "nested").is_dir()
+
+
+def test_a_diverged_number_in_a_notebook_table_is_valid_json_and_reads_back_as_a_float(monkeypatch):
+    """NaN/inf are not JSON: Jupyter warned "Message serialization failed" on lesson 02's grid table and kept the row
+    only by a deprecated fallback. The row travels as text and verify reads it back as the float it was."""
+    import json
+    import math
+    from unittest import mock
+
+    import nbformat
+    import torch
+
+    from course_lib import display
+    from course_lib.teaching.verify import ROOT, Run
+
+    shown = []
+    monkeypatch.setattr(display, "in_notebook", lambda: True)
+    with mock.patch("IPython.display.display", lambda obj, metadata: shown.append(metadata)):
+        display.show_table([{"loss": float("nan"), "top": torch.tensor(float("inf")), "lr": 0.03}])
+    text = json.dumps(shown[0], allow_nan=False)  # raises on NaN, as Jupyter's serializer does
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("X = 1", metadata={"tags": ["parameters"]})
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": ""}, metadata=json.loads(text))]
+    nb.cells.append(cell)
+    row = Run(nb, ROOT).table("loss")[0]
+    assert math.isnan(row["loss"]) and row["top"] == math.inf and row["lr"] == 0.03

@@ -73,8 +73,11 @@ class Run:
 
     def tables(self) -> list[dict]:
         """Every table the lesson drew: {"title", "columns", "rows"}, in order."""
-        return [out["metadata"]["course_table"] for cell in self.nb.cells if cell.cell_type == "code"
-                for out in cell.get("outputs", []) if "course_table" in out.get("metadata", {})]
+        tables = [out["metadata"]["course_table"] for cell in self.nb.cells if cell.cell_type == "code"
+                  for out in cell.get("outputs", []) if "course_table" in out.get("metadata", {})]
+        nonfinite = {"nan", "inf", "-inf"}  # how course_lib.display keeps a diverged number in JSON
+        return [{**table, "rows": [{c: float(v) if isinstance(v, str) and v in nonfinite else v for c, v in row.items()}
+                                   for row in table["rows"]]} for table in tables]
 
     def table(self, column: str) -> list[dict]:
         """The rows of the first table with this column."""
