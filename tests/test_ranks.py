@@ -94,6 +94,10 @@ def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_
         fresh = _run(client, "%%px\nx = torch.tensor([float(rank)])\ndist.all_reduce(x)\nprint(x.item())")
         assert fresh["display"].count("1.0") == 2, fresh
 
+        # A cell longer than ipyparallel's 2 s before its progress bar: the ranks' lines, no frozen "%px: 0%" widget.
+        slow = _run(client, "%%px\nimport time\ntime.sleep(2.5)\nprint('rank', rank, 'slept')")
+        assert slow["display"].count("slept") == 2 and "%px:" not in slow["display"], slow
+
         # A cell that never ends, with no collective to time out: the pool's cell timeout interrupts it, names the
         # rank still running, and the next cell shows its output (ipyparallel alone would lose that one).
         assert _run(client, "pool.cell_timeout = 3")["error"] is None

@@ -281,6 +281,13 @@ def _attach_to_ipython(pool: RankPool) -> None:
     if shell is None:
         return
     pool.view.activate()
+    # No "%px: 0/2 tasks" bar: the ranks' own lines stream as they run, and the bar (a widget a saved or
+    # headless notebook cannot update) stays in the saved output as a frozen 0%. Its waiting loop stays: it waits
+    # in short steps, so the cell timeout and the stop button can interrupt it, then waits for the ranks' output.
+    # (ipyparallel's own --progress-after -1 skips that wait too, and a cell's output then lands in the next cell.)
+    import ipyparallel.client.asyncresult as asyncresult
+
+    asyncresult.progress = _NoBar
     _ATTACHED["pool"] = pool  # the cell-timeout hooks below serve the pool attached last
     if not getattr(shell, "_course_px_hooks", False):  # once per kernel, however many pools it starts
         shell.events.register("pre_run_cell", _before_cell)
@@ -294,6 +301,19 @@ def _attach_to_ipython(pool: RankPool) -> None:
             print(note, file=sys.stderr)
 
     shell.set_custom_exc((CompositeError, AlreadyDisplayedError), handler)
+
+
+class _NoBar:
+    """What ipyparallel's wait_interactive needs of its tqdm bar (``n``, ``update``, ``close``), showing nothing."""
+
+    def __init__(self, *args, **kwargs):
+        self.n = 0
+
+    def update(self, count: int) -> None:
+        self.n += count
+
+    def close(self) -> None:
+        pass
 
 
 _ATTACHED: dict = {"pool": None, "timer": None, "timed_out": None}
