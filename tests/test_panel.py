@@ -62,6 +62,20 @@ def test_panel_builds_its_widgets_without_a_browser(write):
     assert not panel.running and panel.stop_button.disabled
 
 
+def test_a_shown_panel_is_the_widget_with_a_description_where_widgets_cannot_render(write, monkeypatch):
+    """Its text form was the VBox repr; a static page or a viewer without widgets shows what it is set to launch."""
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append((obj, raw)))
+    script = write("ticker.py", TICKER)
+    LaunchPanel(script=script, nproc=2, epochs=3, show=True)
+    (bundle, raw), = shown
+    assert raw and "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == (f"[launch panel: torchrun of {script}, 2 process(es), 3 epoch(s), mixed precision "
+                                    "no; its buttons work in JupyterLab, and what a run prints appears below it]")
+
+
 def test_panel_passes_its_settings_as_flags_and_the_script_judges_them(write, capsys):
     panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=2, mixed_precision="bf16", show=False)
     assert panel.arguments() == ["--epochs", "1", "--mixed-precision", "bf16"]

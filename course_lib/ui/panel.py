@@ -156,7 +156,17 @@ class LaunchPanel:
         if show if show is not None else in_notebook():
             from IPython.display import display
 
-            display(self.widget)
+            # The widget's own text form is its repr ("VBox(children=(HBox(..."): where the widget cannot render
+            # (a static page, a viewer without its JavaScript) the panel is described instead.
+            bundle = self.widget._repr_mimebundle_()
+            bundle["text/plain"] = self.describe()
+            display(bundle, raw=True)
+
+    def describe(self) -> str:
+        """One line saying what the panel is set to launch: the panel's text where a widget cannot render."""
+        return (f"[launch panel: {self.launcher.value} of {self.script.value}, {self.nproc.value} process(es), "
+                f"{self.epochs.value} epoch(s), mixed precision {self.mixed_precision.value}; its buttons work in "
+                f"JupyterLab, and what a run prints appears below it]")
 
     def _offer_precisions(self, change) -> None:
         """Only the precisions the chosen launcher's scripts accept (a choice no longer offered becomes "no")."""
