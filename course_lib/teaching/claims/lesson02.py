@@ -7,6 +7,13 @@ import re
 
 def check(run) -> None:
     p = run.parameters
+    pipeline_text = run.cell_text("47ddd902")
+    warned = re.search(r"rank 0 was warned (\d+) time", pipeline_text)
+    times = int(warned.group(1)) if warned else -1
+    run.claim(times in (0, 2), "the seed's pipeline run says how often rank 0 was warned about its workers: twice (the "
+              f"loader built, one epoch's workers started) or, on a machine with cores enough, never; not {times}")
+    run.claim(pipeline_text.count("This DataLoader will create") == min(times, 1),
+              "the DataLoader warning is shown once, not once per rank and per start")
     lesson, seed = run.events("runs/02_ddp/lesson"), run.events("runs/02_ddp/seed")
     run.claim(len(lesson) == p["EPOCHS"], f"the lesson's run logged {len(lesson)} epochs, not EPOCHS = {p['EPOCHS']}")
     run.claim(len(seed) == p["SEED_EPOCHS"], f"the seed's run logged {len(seed)} epochs, not {p['SEED_EPOCHS']}")
