@@ -25,6 +25,20 @@ def shown_path(path: str | Path) -> str:
     return str(path)
 
 
+def shown_text(text: str) -> str:
+    """``text`` (a rank's line, a traceback) with the folders of this machine written as ``shown_path`` writes them,
+    and the Python environment's packages as ``<site-packages>/``."""
+    import sysconfig
+
+    course = Path(__file__).resolve().parent.parent
+    roots = [(sysconfig.get_paths()["purelib"], "<site-packages>/"), (str(Path.cwd()), ""), (str(course), "<course>/"),
+             (str(Path.home()), "~/")]
+    for root, prefix in roots:
+        if len(root) > 1:  # never "/" itself
+            text = text.replace(root.rstrip("/") + "/", prefix)
+    return text
+
+
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (where HTML shows), False in a shell, a terminal IPython or a test."""
     try:

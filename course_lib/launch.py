@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .devices import choose_backend, cpu_count, gpu_count, resolve_nproc
+from .display import shown_text
 from .errors import LaunchError, LaunchTimeout
 from .metrics import METRICS_FILE, read_metrics
 from .processes import release, start, stop_tree
@@ -315,7 +316,7 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
         if watcher:
             watcher.line(rank, text)
         elif echo and not quiet:
-            print(line if line.endswith("\n") else line + "\n", end="", flush=True)
+            print(shown_text(line if line.endswith("\n") else line + "\n"), end="", flush=True)
 
     stopped, ended = None, False  # ended: the output stream is closed
     try:
@@ -429,7 +430,7 @@ def failure_message(result: RunResult) -> str:
     failures = [(int(m[1]), int(m[2]), int(m[3]), m[4], m.start() > root >= 0) for m in _FAILURE.finditer(output)]
     if not failures:
         tail = "\n".join(output.splitlines()[-20:])
-        return f"`{cmd}` exited with code {result.returncode}.\n{tail}"
+        return shown_text(f"`{cmd}` exited with code {result.returncode}.\n{tail}")
     killed = [f for f in failures if f[2] < 0 and -f[2] != signal.SIGTERM]
     rank, local_rank, exitcode, error_file, _ = (killed or [f for f in failures if f[4]] or failures)[0]
     traceback = _traceback_from_error_file(error_file) or _traceback_from_output(result.outputs.get(rank, ""))
@@ -442,7 +443,7 @@ def failure_message(result: RunResult) -> str:
     others = sorted({(f[0], _how(f[2])) for f in failures if f[0] != rank})
     if others:
         message += "Then: " + "; ".join(f"rank {r} {how}" for r, how in others) + ".\n"
-    return message + f"Command: {cmd}"
+    return shown_text(message + f"Command: {cmd}")  # a saved output names no folder of this machine
 
 
 def _traceback_from_error_file(path: str) -> str:

@@ -30,7 +30,7 @@ def _text(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def site(mirror) -> book.Book:
-    return book.build(OUT, reuse=EXECUTED)
+    return book.build(OUT, reuse=EXECUTED, fast=True)
 
 
 def _pngs(nb) -> list[bytes]:
@@ -109,6 +109,34 @@ def test_widgets_become_text_and_a_lesson_that_fails_leaves_the_previous_book(tm
     with pytest.raises(book.BookError, match=r"00_small\.ipynb did not run top to bottom.*ZeroDivisionError"):
         book.build(tmp_path / "out", source=lessons, reuse=tmp_path / "out" / "executed", log=lambda *_: None)
     assert "printed by the small lesson" in _text(first.index.parent / "lessons" / "00_small.html")
+
+
+def test_the_book_runs_a_learners_defaults_unless_fast_and_each_page_says_which(tmp_path):
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    path = _notebook(lessons / "00_small.ipynb", "STEPS = 1000", "print(f'trained {STEPS} steps')")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].metadata["tags"] = ["parameters"]
+    nb.metadata["course"] = {"fast_parameters": {"STEPS": 3}}
+    nbformat.write(nb, path)
+    quiet = {"source": lessons, "log": lambda *_: None}
+
+    learner = book.build(tmp_path / "out", **quiet)
+    def page(built):  # as a reader sees it, with Sphinx's typographic apostrophes written plainly
+        return unescape(re.sub(r"<[^>]+>", "", _text(built.index.parent / "lessons" / "00_small.html"))).replace("\u2019", "'")
+
+    html = page(learner)
+    assert "trained 1000 steps" in html and "own defaults, as a learner's Run All runs it" in html
+    assert "with its own defaults, as a learner's Run All runs it" in _text(learner.index).replace("\u2019", "'")
+
+    # a copy executed with the other settings is not taken: the fast build runs the lesson again
+    fast = book.build(tmp_path / "out", reuse=tmp_path / "out" / "executed", fast=True, **quiet)
+    assert fast.executed == ["00_small"] and fast.reused == []
+    html = page(fast)
+    assert "trained 3 steps" in html and "fast settings injected after its parameters cell: STEPS = 3" in html
+    assert "with the fast settings it names" in _text(fast.index).replace("\u2019", "'")
+    again = book.build(tmp_path / "out", reuse=tmp_path / "out" / "executed", fast=True, **quiet)
+    assert again.reused == ["00_small"]
 
 
 def test_only_names_lessons_that_exist(tmp_path):

@@ -51,3 +51,18 @@ def test_a_diverged_number_in_a_notebook_table_is_valid_json_and_reads_back_as_a
     nb.cells.append(cell)
     row = Run(nb, ROOT).table("loss")[0]
     assert math.isnan(row["loss"]) and row["top"] == math.inf and row["lr"] == 0.03
+
+
+def test_a_ranks_traceback_names_no_folder_of_this_machine(tmp_path, monkeypatch):
+    import sysconfig
+    from pathlib import Path
+
+    from course_lib.display import shown_text
+
+    monkeypatch.chdir(tmp_path)
+    packages = sysconfig.get_paths()["purelib"]
+    course = Path(__file__).resolve().parent.parent
+    line = (f'[rank0]: File "{tmp_path}/runs/04/train.py", line 3, in main | File "{packages}/torch/nn/x.py" | '
+            f"binary: {course}/.venv/bin/python | {Path.home()}/.cache/huggingface/config.yaml | /etc/hosts")
+    assert shown_text(line) == ('[rank0]: File "runs/04/train.py", line 3, in main | File "<site-packages>/torch/nn/x.py" '
+                                "| binary: <course>/.venv/bin/python | ~/.cache/huggingface/config.yaml | /etc/hosts")

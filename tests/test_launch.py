@@ -1,5 +1,6 @@
 """Launching from a cell: command, streaming, metrics, failures, interrupts, timeouts, ports."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,7 +102,9 @@ def test_failing_rank_traceback_is_in_the_error(worker):
     with pytest.raises(LaunchError) as err:
         torchrun(worker, nproc=2, script_args=["--fail-rank", "1"], quiet=True)
     message = str(err.value)
-    assert message.startswith("Rank 1 (local rank 1) exited with code 1")
+    # A rank that raises leaves its gloo group to the interpreter's exit; on a loaded machine that teardown can abort
+    # (SIGABRT) after the traceback is written. Either way the error names rank 1 and shows its traceback.
+    assert re.match(r"Rank 1 \(local rank 1\) (exited with code 1|was killed by signal SIGABRT);", message), message
     assert "Traceback (most recent call last):" in message
     assert "ValueError: deliberate failure on rank 1" in message
     assert err.value.result.returncode != 0

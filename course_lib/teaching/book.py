@@ -1,15 +1,17 @@
-"""The workbook as a book: every lesson executed in its fast settings and rendered, outputs and plots included, into
-a static HTML site by Sphinx with myst-nb. The lesson list is the index, each lesson links to its exercises (as
+"""The workbook as a book: every lesson executed as a learner's Run All runs it (its own defaults), or with
+``--fast`` in its fast settings, and rendered, outputs and plots included, into a static HTML site by Sphinx with
+myst-nb. The lesson list is the index, each lesson links to its exercises (as
 released to learners, not executed), and every page names the machine its outputs came from.
 
-  python3 -m course_lib book [--out build/book] [--only 00,02] [--reuse DIR] [--timeout SECONDS] [--defaults]
+  python3 -m course_lib book [--out build/book] [--only 00,02] [--reuse DIR] [--timeout SECONDS] [--fast]
 
 Each lesson it executes is then checked against what it claims about its run (``course_lib.teaching.verify``); a
-claim that does not hold stops the build. ``--defaults`` runs the lessons with a learner's settings (Run All)
-instead of their fast ones, which is how the learner's defaults are checked outside CI.
+claim that does not hold stops the build. So the default build is how a learner's defaults are checked outside CI;
+``--fast`` (what the tests build) runs each lesson with the fast settings it names instead, and every page says
+which settings produced it.
 
 ``--reuse DIR`` takes a lesson's executed copy from DIR when it was executed from the committed source (the same
-sha256), for example the copies the notebook tests leave in ``test-output/executed``; every other lesson is
+sha256) with the settings this build asks for, for example the copies the notebook tests leave in ``test-output/executed``; every other lesson is
 executed here, one after the other (they launch processes of their own). The site is ``OUT/html/index.html``;
 ``OUT/src`` holds what Sphinx read (the executed notebooks with their provenance cell, the index, ``conf.py``), and
 ``OUT/executed`` the lessons this build executed, as they came from the kernel.
@@ -93,13 +95,17 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def executed_copy(lesson: Path, reuse: Path | None) -> nbformat.NotebookNode | None:
-    """The executed copy of ``lesson`` in ``reuse`` if it ran from the lesson's committed source, else None."""
+def executed_copy(lesson: Path, reuse: Path | None, fast: bool = False) -> nbformat.NotebookNode | None:
+    """The executed copy of ``lesson`` in ``reuse`` if it ran from the lesson's committed source with the settings
+    asked for (its fast ones, or a learner's defaults), else None."""
     if reuse is None or not (reuse / lesson.name).is_file():
         return None
     nb = nbformat.read(reuse / lesson.name, as_version=4)
     record = nb.metadata.get("course", {}).get("executed", {})
-    return nb if record.get("source_sha256") == _sha256(lesson) else None
+    from .notebooks import fast_parameters
+
+    wanted = fast_parameters(nbformat.read(lesson, as_version=4)) if fast else {}
+    return nb if record.get("source_sha256") == _sha256(lesson) and record.get("parameters") == wanted else None
 
 
 def _execute(lesson: Path, timeout: int, defaults: bool = False) -> nbformat.NotebookNode:
@@ -152,8 +158,9 @@ def _provenance(record: dict, exercises: str | None) -> nbformat.NotebookNode:
                  "those of that moment)") if load is not None else ""
     text = (f":::{{note}}\nThe outputs on this page were produced on **{record['machine']}**{load_text}, finished "
             f"{record['finished']}, in {record['seconds']:.0f} s, "
-            + (f"with the lesson's fast settings injected after its parameters cell: {params}." if params else
-               "with the lesson's own defaults (it names no fast settings).")
+            + (f"with the lesson's **fast settings** injected after its parameters cell: {params}. A learner's Run "
+               "All uses the lesson's own defaults: longer runs, other numbers." if params else
+               "with the lesson's **own defaults**, as a learner's Run All runs it.")
             + " A run of your own prints other times and, on other hardware, other choices "
             "(GPUs and NCCL where there are GPUs). ")
     if exercises:
@@ -175,7 +182,10 @@ def _exercise_page(path: Path, lesson: Path, built_on: str) -> nbformat.Notebook
     return nb
 
 
-def _index(pages: list[tuple[Path, nbformat.NotebookNode, Path | None]], built_on: str, built_at: str) -> str:
+def _index(pages: list[tuple[Path, nbformat.NotebookNode, Path | None]], built_on: str, built_at: str,
+           fast: bool = False) -> str:
+    settings = ("with the fast settings it names (a learner's Run All uses larger defaults: longer runs, other numbers)"
+                if fast else "with its own defaults, as a learner's Run All runs it")
     rows = []
     for lesson, nb, exercises in pages:
         record = nb.metadata["course"]["executed"]
@@ -189,9 +199,8 @@ A hands-on course, from DDP's ideas to torchrun's elastic launcher, Hugging Face
 DDP does inside and what to do when a model does not fit. Each lesson writes real training scripts and launches
 them on real processes; below, each one is shown as it ran, with its outputs and plots.
 
-Built {built_at} on **{built_on}**. Every lesson ran top to bottom in a fresh kernel with its fast settings (a
-learner's Run All uses larger defaults and takes longer); each page says when it ran, how long it took and how busy
-the machine was. On a machine with GPUs the same lessons choose NCCL and one process per GPU. To run them yourself:
+Built {built_at} on **{built_on}**. Every lesson ran top to bottom in a fresh kernel {settings}; each page says
+with which settings, when it ran, how long it took and how busy the machine was. On a machine with GPUs the same lessons choose NCCL and one process per GPU. To run them yourself:
 `python3 -m course_lib lab`.
 
 | Lesson | Executed | Exercises |
@@ -209,10 +218,11 @@ the machine was. On a machine with GPUs the same lessons choose NCCL and one pro
 
 
 def build(out: Path = ROOT / "build" / "book", only: list[str] | None = None, reuse: Path | None = None,
-          timeout: int = 900, log=print, source: Path = ROOT / "notebooks", defaults: bool = False) -> Book:
+          timeout: int = 900, log=print, source: Path = ROOT / "notebooks", fast: bool = False) -> Book:
     """Execute the lessons in ``source`` (or take them from ``reuse``), check what each claims about its run
-    (``verify``), write the Sphinx source into ``out/src`` and build ``out/html``. ``defaults``: run the lessons with
-    a learner's settings instead of their fast ones. The previous site is replaced only once the new one is built."""
+    (``verify``), write the Sphinx source into ``out/src`` and build ``out/html``. The lessons run with a learner's
+    settings (their defaults), or with ``fast`` with the fast settings each names. The previous site is replaced only
+    once the new one is built."""
     from ..devices import machine_summary
 
     start = time.monotonic()
@@ -221,13 +231,13 @@ def build(out: Path = ROOT / "build" / "book", only: list[str] | None = None, re
     book = Book(index=out / "html" / "index.html", lessons=[p.stem for p in chosen])
     pages = []
     for i, lesson in enumerate(chosen, 1):
-        nb = executed_copy(lesson, reuse)
+        nb = executed_copy(lesson, reuse, fast)
         if nb is not None:
             book.reused.append(lesson.stem)
             log(f"[{i}/{len(chosen)}] {lesson.stem}: executed copy from {reuse} (same source)")
         else:
-            log(f"[{i}/{len(chosen)}] {lesson.stem}: executing with its fast settings ...")
-            nb = _execute(lesson, timeout, defaults)
+            log(f"[{i}/{len(chosen)}] {lesson.stem}: executing with its {'fast settings' if fast else 'own defaults'} ...")
+            nb = _execute(lesson, timeout, defaults=not fast)
             (out / "executed").mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, out / "executed" / lesson.name)  # a later build can take it: --reuse OUT/executed
             book.executed.append(lesson.stem)
@@ -252,7 +262,7 @@ def build(out: Path = ROOT / "build" / "book", only: list[str] | None = None, re
         if exercises:
             nbformat.write(_exercise_page(exercises, lesson, built_on), src / "exercises" / exercises.name)
             shutil.copyfile(exercises, src / "downloads" / exercises.name)  # exactly as released
-    (src / "index.md").write_text(_index(pages, built_on, built_at))
+    (src / "index.md").write_text(_index(pages, built_on, built_at, fast))
     (src / "conf.py").write_text(CONF.format(title=TITLE, machine_short=built_on.split(";")[0]))
 
     log("Sphinx: rendering the pages ...")
@@ -280,15 +290,15 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help="comma-separated lesson prefixes, e.g. 00,02 (default: all)")
     parser.add_argument("--reuse", type=Path, help="a folder of executed lessons to take when their source matches")
     parser.add_argument("--timeout", type=int, default=900, help="seconds a cell may run (default 900)")
-    parser.add_argument("--defaults", action="store_true",
-                        help="run the lessons with their own settings (a learner's Run All), not the fast ones")
+    parser.add_argument("--fast", action="store_true",
+                        help="run each lesson with the fast settings it names (what the tests run), not its defaults")
     args = parser.parse_args(argv)
     from ..data import prepare_mnist
 
     prepare_mnist()  # the lessons train on it
     try:
         build(args.out, only=[s for s in args.only.split(",") if s] or None, reuse=args.reuse, timeout=args.timeout,
-              defaults=args.defaults)
+              fast=args.fast)
     except BookError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
