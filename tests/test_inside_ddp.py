@@ -222,8 +222,11 @@ BRANCH_PROGRAM = textwrap.dedent('''
         outcome["parameters"] = [p.detach().reshape(-1).tolist() for p in ours.module.parameters()]
         outcome["vs_reference"] = max((p - q).abs().max().item()
                                       for p, q in zip(reference.parameters(), ours.module.parameters()))
-    with open(os.path.join(folder, f"{case.replace(' ', '_')}-{wrapper}-{to_none}-rank{rank}.json"), "w") as f:
+    # Written whole or not at all: torchrun stops a rank still writing when its peer has failed.
+    path = os.path.join(folder, f"{case.replace(' ', '_')}-{wrapper}-{to_none}-rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(outcome, f)
+    os.replace(path + ".tmp", path)
     dist.destroy_process_group()
 ''')
 
