@@ -92,7 +92,7 @@ def test_lesson_00s_claims_hold_in_its_run_and_a_wrong_sum_is_found():
     if not (EXECUTED / "00_setup.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
         pytest.skip("lesson 00 has not been executed by tests/test_notebooks.py in this run")
     nb = nbformat.read(EXECUTED / "00_setup.ipynb", as_version=4)
-    assert verify("00_setup", nb, ROOT / "notebooks") == 5
+    assert verify("00_setup", nb, ROOT / "notebooks") == 6
     cell = next(c for c in nb.cells if c.get("id") == "743a47b2")
     shown = next(o for o in cell.outputs if "text/markdown" in o.get("data", {}))
     rows = shown["data"]["text/markdown"].splitlines()
