@@ -91,7 +91,7 @@ def test_lesson_03s_claims_hold_in_its_run_and_a_slow_tensor_loader_is_found():
     if not (EXECUTED / "03_ddp_pitfalls.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
         pytest.skip("lesson 03 has not been executed by tests/test_notebooks.py in this run")
     nb = nbformat.read(EXECUTED / "03_ddp_pitfalls.ipynb", as_version=4)
-    expected = 28 + (Run(nb, ROOT).parameters["MAX_STEPS"] is None)  # whole epochs: the 90% claim too
+    expected = 29 + (Run(nb, ROOT).parameters["MAX_STEPS"] is None)  # whole epochs: the 90% claim too
     assert verify("03_ddp_pitfalls", nb, ROOT / "notebooks") == expected
     cell = next(c for c in nb.cells if c.get("id") == "bc5a72d5")
     speeds = next(o for o in cell.outputs if "samples/s" in o.get("text", ""))

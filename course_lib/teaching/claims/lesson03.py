@@ -99,6 +99,9 @@ def check(run) -> None:
                   "the seed's first evaluation, after epoch 0, passes")
         run.claim(f"[rank0] epoch {last}: rank 0 val_acc" not in loop,
                   f"the seed's last evaluation, after epoch {last}, does not finish")
+        evaluations = loop.count("rank 0 evaluates through DistributedDataParallel")
+        run.claim(evaluations >= 2 and loop.count("its first forward broadcasts buffers: True") == evaluations,
+                  "the script prints True before each of rank 0's evaluations (each one's first forward broadcasts)")
         run.claim("[rank1] rank 1: leaving the process group" in loop,
                   "rank 1 has left the process group while rank 0 evaluates")
         sign = re.search(r"failed in DDP's buffer broadcast: '([^']*)'", observed.get(3, ""))
