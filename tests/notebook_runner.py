@@ -19,3 +19,17 @@ def execute_notebook(path: Path, params: dict | None = None, timeout: int = 600,
 
 def has_outputs(nb) -> bool:
     return any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+
+
+def runs_with_one_lost_sample(lesson: str, run: str, tmp_path: Path, ignore=None) -> Path:
+    """A copy of ``notebooks/runs/<lesson>`` under ``tmp_path`` in which the first epoch of ``run`` counted 9,999
+    validation samples: what a claim about that run must notice. Returns ``tmp_path``, the folder to verify."""
+    import json
+    import shutil
+
+    shutil.copytree(ROOT / "notebooks" / "runs" / lesson, tmp_path / "runs" / lesson, ignore=ignore)
+    metrics = tmp_path / "runs" / lesson / run / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    next(r for r in records if r.get("event") == "epoch")["val_count"] = 9_999
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return tmp_path

@@ -87,6 +87,42 @@ class Run:
         self.fail(f"no table with a column {column!r} was drawn")
         return []
 
+    def titled(self, start: str, required: bool = True) -> dict | None:
+        """The first table whose title starts with ``start``. Missing: KeyError (verify reports that the run did not
+        draw it), or None where ``required`` is False."""
+        for table in self.tables():
+            if (table.get("title") or "").startswith(start):
+                return table
+        if required:
+            raise KeyError(f"table titled {start!r}...")
+        return None
+
+    @staticmethod
+    def found(pattern: str, text: str, required: bool = True) -> tuple | None:
+        """The groups of ``pattern``'s first match in ``text``. No match: KeyError, or None where not ``required``."""
+        match = re.search(pattern, text)
+        if match is None and required:
+            raise KeyError(f"printed line matching {pattern!r}")
+        return match.groups() if match else None
+
+    def scored(self, checkpoint: str | Path, batch: int = 1000) -> tuple[dict, int]:
+        """A checkpoint the run saved (relative to the lesson's folder), loaded with ``weights_only=True`` into a plain
+        MyModel, and its correct predictions on the 10,000 validation images, counted here in one process."""
+        import torch
+
+        from course_lib import MyModel
+        from course_lib.data import mnist_tensors
+
+        state = torch.load(self.folder / checkpoint, map_location="cpu", weights_only=True)
+        model = MyModel()
+        model.load_state_dict(state["model"])
+        model.eval()
+        images, labels = mnist_tensors(train=False)
+        with torch.no_grad():
+            correct = sum((model(x).argmax(1) == y).sum().item()
+                          for x, y in zip(images.split(batch), labels.split(batch)))
+        return state, correct
+
     # -- what the launches left
     def events(self, run_dir: str, event: str = "epoch") -> list[dict]:
         from course_lib.metrics import read_metrics

@@ -46,25 +46,15 @@ def check(run) -> None:
               f"every world size counts the same correct predictions on the CPU (got {corrects})")
 
     # The checkpoint, loaded here into a plain MyModel and evaluated in this process.
-    import torch
-
-    from course_lib import MyModel
-    from course_lib.data import mnist_tensors
-
-    state = torch.load(run.folder / f"runs/02_ddp/lesson/checkpoints/checkpoint-{p['EPOCHS'] - 1}.pt",
-                       map_location="cpu", weights_only=True)
+    state, correct = run.scored(f"runs/02_ddp/lesson/checkpoints/checkpoint-{p['EPOCHS'] - 1}.pt", batch=256)
     run.claim(not any(k.startswith("module.") for k in state["model"]), "the checkpoint holds the unwrapped model")
-    model = MyModel()
-    model.load_state_dict(state["model"])
-    model.eval()
-    images, labels = mnist_tensors(train=False)
-    with torch.no_grad():
-        correct = sum((model(x).argmax(1) == y).sum().item() for x, y in zip(images.split(256), labels.split(256)))
     run.claim(correct == lesson[-1]["val_correct"] if gloo else abs(correct - lesson[-1]["val_correct"]) <= 10,
               f"one process scores the checkpoint as the distributed evaluation did ({correct} vs "
               f"{lesson[-1]['val_correct']})")
     buffers = state["optimizer"]["state"]
-    run.claim(len(buffers) == len(list(model.parameters())) and all("momentum_buffer" in s for s in buffers.values()),
+    from course_lib import MyModel
+
+    run.claim(len(buffers) == len(list(MyModel().parameters())) and all("momentum_buffer" in s for s in buffers.values()),
               "the checkpoint holds a momentum buffer for each parameter tensor")
     ratio = run.number(r"the first step after the resume is ([\d.]+)x")
     run.claim(ratio is not None and abs(ratio - 1) > 0.05,

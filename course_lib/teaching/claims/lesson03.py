@@ -26,23 +26,6 @@ def _shown(run, cell_id: str) -> str:
     return "\n".join(out.get("data", {}).get("text/plain", "") for out in cell.get("outputs", []))
 
 
-def _correct_in_one_process(run, checkpoint: str) -> tuple[dict, int]:
-    """The checkpoint's model state, and its correct predictions on the 10,000 validation images, here."""
-    import torch
-
-    from course_lib import MyModel
-    from course_lib.data import mnist_tensors
-
-    state = torch.load(run.folder / checkpoint, map_location="cpu", weights_only=True)
-    model = MyModel()
-    model.load_state_dict(state["model"])
-    model.eval()
-    images, labels = mnist_tensors(train=False)
-    with torch.no_grad():
-        correct = sum((model(x).argmax(1) == y).sum().item() for x, y in zip(images.split(1000), labels.split(1000)))
-    return state, correct
-
-
 def check(run) -> None:
     p = run.parameters
     epochs = p["EPOCHS"]
@@ -83,7 +66,7 @@ def check(run) -> None:
         run.claim(ce_acc >= 0.90, f"one epoch of cross-entropy reaches 90% (got {ce_acc:.4f})")
 
     # Section 1's checkpoint, scored again in this process (sections 2 and 7).
-    state, correct = _correct_in_one_process(run, f"{RUNS}/fixed/checkpoints/checkpoint-{epochs - 1}.pt")
+    state, correct = run.scored(f"{RUNS}/fixed/checkpoints/checkpoint-{epochs - 1}.pt")
     in_run = fixed[-1]["val_correct"]
     shown = re.search(r"(\d+) / 10000 correct in this process", run.cell_text("6ad4e3e5"))
     run.claim(shown is not None and int(shown.group(1)) == correct and abs(correct - in_run) <= tolerance,

@@ -18,23 +18,6 @@ def _titled(run, title: str) -> list[list[dict]]:
     return [table["rows"] for table in run.tables() if (table["title"] or "").startswith(title)]
 
 
-def _accuracy_and_state(run, checkpoint: str) -> tuple[dict, int]:
-    """A checkpoint's contents, and its correct predictions on the 10,000 validation images, in this process."""
-    import torch
-
-    from course_lib import MyModel
-    from course_lib.data import mnist_tensors
-
-    state = torch.load(run.folder / checkpoint, map_location="cpu", weights_only=True)
-    model = MyModel()
-    model.load_state_dict(state["model"])
-    model.eval()
-    images, labels = mnist_tensors(train=False)
-    with torch.no_grad():
-        correct = sum((model(x).argmax(1) == y).sum().item() for x, y in zip(images.split(1000), labels.split(1000)))
-    return state, correct
-
-
 def _train_module(run):
     """The training script the lesson wrote, imported (its main() is guarded)."""
     import importlib.util
@@ -85,8 +68,8 @@ def check(run) -> None:
     import torch
 
     last = f"checkpoints/checkpoint-{epochs - 1}.pt"
-    base_state, base_correct = _accuracy_and_state(run, f"{RUN}/baseline/{last}")
-    restart_state, restart_correct = _accuracy_and_state(run, f"{RUN}/exception/{last}")
+    base_state, base_correct = run.scored(f"{RUN}/baseline/{last}")
+    restart_state, restart_correct = run.scored(f"{RUN}/exception/{last}")
     gloo = bool(baseline) and baseline[-1]["backend"] == "gloo"
     run.claim(abs(base_correct - baseline[-1]["val_correct"]) <= (0 if gloo else 10),
               f"the uninterrupted run's checkpoint scores here what the run measured ({base_correct} vs "
@@ -123,7 +106,7 @@ def check(run) -> None:
               f"metrics.jsonl holds epoch {fail_at} twice: logged, then lost with its checkpoint and done again")
     run.claim(len(killed) > fail_at + 1 and killed[fail_at]["restart"] == 0 < killed[fail_at + 1]["restart"],
               f"epoch {fail_at} was first finished by the first attempt, then again after a restart")
-    _, killed_correct = _accuracy_and_state(run, f"{RUN}/sigkill/{last}")
+    _, killed_correct = run.scored(f"{RUN}/sigkill/{last}")
     run.claim(abs(killed_correct - base_correct) < 100,
               f"the run killed while saving reaches the uninterrupted accuracy within 1% ({killed_correct} vs "
               f"{base_correct})")

@@ -16,30 +16,6 @@ import re
 RUN = "runs/05_accelerate"
 
 
-def _found(pattern: str, text: str):
-    found = re.search(pattern, text)
-    return found.groups() if found else None
-
-
-def _titled(run, start: str) -> dict | None:
-    return next((t for t in run.tables() if (t.get("title") or "").startswith(start)), None)
-
-
-def _correct_in_one_process(run, checkpoint) -> int:
-    import torch
-
-    from course_lib import MyModel
-    from course_lib.data import mnist_tensors
-
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    model = MyModel()
-    model.load_state_dict(state["model"])
-    model.eval()
-    images, labels = mnist_tensors(train=False)
-    with torch.no_grad():
-        return sum((model(x).argmax(1) == y).sum().item() for x, y in zip(images.split(256), labels.split(256)))
-
-
 def check(run) -> None:
     p = run.parameters
     nproc, batch = p["NPROC"], p["BATCH_SIZE"]
@@ -62,7 +38,7 @@ def _seed_snippet(run) -> None:
               "the seed's snippet, run as written, stops with a NameError on `scheduler`")
     run.claim("NameError: name 'inputs' is not defined" in run.cell_text("c84a8a27"),
               "with a scheduler created, the seed's loop stops with a NameError on `inputs`")
-    losses = _found(r"loss ([\d.]+) -> ([\d.]+)", run.cell_text("e099dbf7"))
+    losses = run.found(r"loss ([\d.]+) -> ([\d.]+)", run.cell_text("e099dbf7"), required=False)
     run.claim(losses is not None and float(losses[1]) < float(losses[0]),
               f"the fixed snippet trains: its loss went down ({losses})")
 
@@ -88,7 +64,7 @@ def _launches(run, p, nproc, kind, per_process) -> None:
 
 
 def _tools(run, nproc, kind) -> None:
-    versions = _found(r"torch (\S+), accelerate (\S+);", run.cell_text("8f596a83"))
+    versions = run.found(r"torch (\S+), accelerate (\S+);", run.cell_text("8f596a83"), required=False)
     env = run.cell_text("61aee9da")
     run.claim(versions is not None and f"`Accelerate` version: {versions[1]}" in env
               and f"PyTorch version: {versions[0]}" in env,
@@ -97,7 +73,7 @@ def _tools(run, nproc, kind) -> None:
     refused = run.cell_text("6b9256b9")
     run.claim("ValueError:" in refused and "should only be initialized inside your training function" in refused,
               "with an Accelerator already in the kernel, notebook_launcher refuses with Accelerate's own message")
-    forked = _titled(run, "What each forked process saw")
+    forked = run.titled("What each forked process saw", required=False)
     if forked is None:
         run.claim("already used CUDA" in run.cell_text("01391114"),
                   "notebook_launcher either ran or the lesson said why not (CUDA used in the kernel)")
@@ -106,7 +82,7 @@ def _tools(run, nproc, kind) -> None:
     run.claim([r["process"] for r in records] == list(range(nproc)) and {r["of"] for r in records} == {nproc},
               f"notebook_launcher started processes 0..{nproc - 1}, each one of {nproc}")
     run.claim(sum(r["images"] for r in records) == 4096, "the forked processes' shares cover the 4,096 images once")
-    kernel = _found(r"forked from this kernel \(pid (\d+)\)", run.cell_text("01391114"))
+    kernel = run.found(r"forked from this kernel \(pid (\d+)\)", run.cell_text("01391114"), required=False)
     pids = {r["pid"] for r in records}
     run.claim(kernel is not None and len(pids) == nproc and int(kernel[0]) not in pids,
               "each forked function ran in a process of its own, not in the kernel")
@@ -138,15 +114,15 @@ def _pitfall_and_evaluation(run, p, nproc, batch, cpu) -> None:
               "the training run's checkpoint holds the model, the optimizer and its epoch, and loads weights_only")
     run.claim(not any(k.startswith("module.") for k in saved["model"]),
               "the checkpoint holds the unwrapped model (no `module.` keys)")
-    counts = _found(r"single process: (\d+) / 10000 correct; \d+ processes during training: (\d+); "
-                    r"\d+ processes: (\d+)", run.cell_text("593a6e5c"))
+    counts = run.found(r"single process: (\d+) / 10000 correct; \d+ processes during training: (\d+); "
+                    r"\d+ processes: (\d+)", run.cell_text("593a6e5c"), required=False)
     # On GPUs the processes' kernels round differently from a CPU evaluation: a few borderline images.
     tolerance = 0 if cpu else 5
     one, training, three = (int(c) for c in counts) if counts else (None, None, None)
     run.claim(counts is not None and abs(one - training) <= tolerance and abs(three - training) <= tolerance,
               f"one process, the training processes and the evaluation processes count the same correct "
               f"answers ({counts})")
-    again = _correct_in_one_process(run, checkpoint)
+    again = run.scored(checkpoint, batch=256)[1]
     run.claim(again == one, f"the checkpoint, scored again from the file, gets the printed {one} ({again})")
 
 
@@ -172,7 +148,7 @@ def _loaders_and_clipping(run) -> None:
     before = [float(n) for n in ast.literal_eval(right.get("norm before clipping", "[]"))]
     run.claim(len(before) == 1 and before[0] > 0.5 and right.get("norm after") == "0.500",
               f"clipped once, the accumulated gradient had more than 0.5 and ends with exactly 0.5 ({right})")
-    cosine = _found(r"cosine (-?[\d.]+) with the right one", run.cell_text("46d98264"))
+    cosine = run.found(r"cosine (-?[\d.]+) with the right one", run.cell_text("46d98264"), required=False)
     run.claim(cosine is not None and (float(cosine[0]) < 0.9999 or wrong.get("norm after") != "0.500"),
               f"clipping after every batch gives another gradient (cosine {cosine})")
 

@@ -17,15 +17,6 @@ import re
 RUN = "runs/06_trainer"
 
 
-def _found(pattern: str, text: str):
-    found = re.search(pattern, text)
-    return found.groups() if found else None
-
-
-def _titled(run, start: str) -> dict | None:
-    return next((t for t in run.tables() if (t.get("title") or "").startswith(start)), None)
-
-
 def _checkpoints(run, folder: str) -> list:
     """The checkpoint-STEP folders the Trainer left in ``folder``, oldest step first."""
     return sorted((run.folder / folder).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -35,7 +26,7 @@ def check(run) -> None:
     p = run.parameters
     _defects(run)
     _in_process(run, p)
-    gpus = _found(r"(\d+) CUDA GPU", run.cell_text("00a5cbc7"))
+    gpus = run.found(r"(\d+) CUDA GPU", run.cell_text("00a5cbc7"), required=False)
     _pitfall(run, p, gpus is not None and int(gpus[0]) == 0)
     _distributed(run, p)
     _early_stopping(run)
@@ -55,9 +46,9 @@ def _defects(run) -> None:
               "2d: the old compute_loss signature fails on num_items_in_batch")
     run.claim("collate_fn: ValueError:" in shown["a8b6cc56"] and "one element tensors" in shown["a8b6cc56"],
               "2e: the seed's collator fails on one-hot labels")
-    nll = _found(r"nll_loss: +RuntimeError: (.*)", shown["a8b6cc56"])
+    nll = run.found(r"nll_loss: +RuntimeError: (.*)", shown["a8b6cc56"], required=False)
     run.claim(nll is not None and "target" in nll[0], "2e: nll_loss refuses a one-hot target")
-    logged = _found(r"logged 'loss' every 25 steps: (\[.*\])", shown["54eeb6d0"])
+    logged = run.found(r"logged 'loss' every 25 steps: (\[.*\])", shown["54eeb6d0"], required=False)
     losses = ast.literal_eval(logged[0]) if logged else []
     run.claim(bool(losses) and losses[-1] < 0 and losses[-1] < losses[0],
               f"2f: nll_loss on raw outputs falls below zero ({losses})")
@@ -65,18 +56,18 @@ def _defects(run) -> None:
               "2f: nll_loss of log_softmax is cross_entropy")
     run.claim("without label_names: TypeError:" in shown["ff1c476a"] and "labels" in shown["ff1c476a"],
               "2g: without label_names the evaluation fails on the labels")
-    counts = _found(r"(\d+) predictions for (\d+) labels \((\d+) batches", shown["ff1c476a"])
+    counts = run.found(r"(\d+) predictions for (\d+) labels \((\d+) batches", shown["ff1c476a"], required=False)
     run.claim(counts is not None and int(counts[0]) == int(counts[1]) - int(counts[2]),
               f"2g: returning the logits tensor loses one sample per batch ({counts})")
 
 
 def _in_process(run, p) -> None:
     seed = run.cell_text("140c3080")
-    top1 = _found(r"val top-1 ([\d.]+), top-3 [\d.]+ over (\d+) samples", seed)
+    top1 = run.found(r"val top-1 ([\d.]+), top-3 [\d.]+ over (\d+) samples", seed, required=False)
     run.claim(top1 is not None and int(top1[1]) == 10_000,
               "the seed's example, fixed, evaluated all 10,000 validation images")
     run.claim(top1 is not None and float(top1[0]) > 0.85, f"one epoch of the seed's example passes 85% ({top1})")
-    device = _found(r"the model is on (\S+), training_args.device is (\S+)", seed)
+    device = run.found(r"the model is on (\S+), training_args.device is (\S+)", seed, required=False)
     run.claim(device is not None and device[0] == device[1], f"the Trainer moved the model to its device ({device})")
 
     rows = run.table("effective batch")
@@ -91,8 +82,8 @@ def _in_process(run, p) -> None:
               "logits torch.float32" in run.cell_text("8fc2ef18"),
               "under bf16=True both convolutions compute in bfloat16 and compute_loss receives float32 logits")
     untrained = run.cell_text("c9987978")
-    acc = _found(r"label keys found by the Trainer: \['labels'\]; untrained: eval_acc ([\d.]+) over 10000 samples",
-                 untrained)
+    acc = run.found(r"label keys found by the Trainer: \['labels'\]; untrained: eval_acc ([\d.]+) over 10000 samples",
+                 untrained, required=False)
     run.claim(acc is not None, "the plain Trainer finds the label key itself and evaluates all 10,000 images")
     run.claim(acc is not None and float(acc[0]) < 0.3, f"the untrained model is near chance ({acc})")
 
@@ -138,7 +129,7 @@ def _distributed(run, p) -> None:
               f"the run trained {p['EPOCHS']} epoch(s) of {per_rank} steps on {nproc} processes and "
               "compute_metrics counted 10,000 images")
 
-    launchers = _titled(run, "train.py, ")
+    launchers = run.titled("train.py, ", required=False)
     rows = launchers["rows"] if launchers else []
     keys = ["world_size", "backend", "steps", "val_count", "train_loss", "val_acc", "val_acc3"]
     run.claim(len(rows) == 2 and all(r["world_size"] == nproc for r in rows),
@@ -146,10 +137,10 @@ def _distributed(run, p) -> None:
     run.claim(len(rows) == 2 and all(rows[0][k] == rows[1][k] for k in keys),
               "torchrun and accelerate launch logged the same values, to the last digit")
 
-    saved = _found(r"trainer_state.json: global_step=(\d+), epoch=([\d.]+)", run.cell_text("605904d3"))
+    saved = run.found(r"trainer_state.json: global_step=(\d+), epoch=([\d.]+)", run.cell_text("605904d3"), required=False)
     run.claim(saved is not None and float(saved[1]) == p["EPOCHS"] and "model.safetensors" in
               run.cell_text("605904d3"), f"the first launch's last checkpoint is of epoch {p['EPOCHS']}, with its weights")
-    start = _found(r"training starts at step (\d+)", run.cell_text("81e9a029"))
+    start = run.found(r"training starts at step (\d+)", run.cell_text("81e9a029"), required=False)
     run.claim(saved is not None and start is not None and start[0] == saved[0],
               f"the second launch started at the checkpoint's step ({start} vs {saved})")
     resumed = run.events(RUN)
@@ -170,7 +161,7 @@ def _early_stopping(run) -> None:
               "the best checkpoint is the one with the best eval_acc")
     shown = run.cell_text("l06-best-show")
     run.claim("tensor for tensor: True" in shown, "at the end the model holds the best checkpoint's weights")
-    again = _found(r"trainer.evaluate\(\) gives ([\d.]+) again", shown)
+    again = run.found(r"trainer.evaluate\(\) gives ([\d.]+) again", shown, required=False)
     run.claim(again is not None and bool(best) and abs(float(again[0]) - best["eval_acc"]) < 1e-4,
               f"evaluating the model at the end gives the best accuracy again ({again})")
 
@@ -181,8 +172,8 @@ def _saved_and_levels(run, p) -> None:
     final = _checkpoints(run, f"{RUN}/checkpoints")[-1]
     run.claim(all(key.startswith("model.") for key in load_file(final / "model.safetensors")),
               "every key of the saved weights starts with the wrapper's `model.`")
-    scores = _found(r"plain MyModel: top-1 ([\d.]+), top-3 [\d.]+; the Trainer's evaluation of the same weights: "
-                    r"([\d.]+)", run.cell_text("1157173d"))
+    scores = run.found(r"plain MyModel: top-1 ([\d.]+), top-3 [\d.]+; the Trainer's evaluation of the same weights: "
+                    r"([\d.]+)", run.cell_text("1157173d"), required=False)
     run.claim(scores is not None and abs(float(scores[0]) - float(scores[1])) < 1e-3,
               f"a plain MyModel scores the saved weights as the Trainer did ({scores})")
     history = json.loads((final / "trainer_state.json").read_text())["log_history"]

@@ -14,21 +14,6 @@ TOLERANCE = 1e-5  # the lesson's: a hand-written DDP equals one process on the w
 SCIENTIFIC = r"(\d+(?:\.\d+)?e[-+]\d+)"
 
 
-def _titled(run, start: str) -> dict:
-    """The first table whose title starts with ``start``."""
-    for table in run.tables():
-        if (table["title"] or "").startswith(start):
-            return table
-    raise KeyError(f"table titled {start!r}...")
-
-
-def _found(pattern: str, text: str):
-    found = re.search(pattern, text)
-    if found is None:
-        raise KeyError(f"printed line matching {pattern!r}")
-    return found.groups()
-
-
 def _sizes(cell: str) -> list[int]:
     """'2,856 | 16,384' -> [2856, 16384]."""
     return [int(b.replace(",", "")) for b in str(cell).split(" | ") if b]
@@ -37,7 +22,7 @@ def _sizes(cell: str) -> list[int]:
 def check(run) -> None:
     p = run.parameters
     checks = [t for t in run.tables() if "passed" in t["columns"]][0]
-    nproc = int(_found(r"^(\d+) ranks vs one process", checks["title"])[0])
+    nproc = int(run.found(r"^(\d+) ranks vs one process", checks["title"])[0])
     _hand_written(run, checks["rows"], nproc)
     _buckets(run)
     _trace(run)
@@ -57,13 +42,13 @@ def _hand_written(run, rows, nproc) -> None:
     buckets = [r["buckets"] for r in rows if r["model"] == "mlp" and r["wrapper"].startswith("Bucketed")]
     run.claim(buckets == [3, 2, 1], f"the MLP gets 3, 2 and 1 buckets at the three sizes (got {buckets})")
     if nproc > 1:
-        broken, = _found(r"SumDDP differs from the reference by " + SCIENTIFIC, run.cell_text("l08-broken-check"))
+        broken, = run.found(r"SumDDP differs from the reference by " + SCIENTIFIC, run.cell_text("l08-broken-check"))
         run.claim(float(broken) > 100 * TOLERANCE,
                   f"the check fails a DDP that sums instead of averaging, by over 100x the tolerance (got {broken})")
     error = run.cell_text("l08-unused-check")
     run.claim("spare.weight" in error and "find_unused_parameters" in error,
               "BucketedDDP refuses a parameter without a gradient, naming it and find_unused_parameters")
-    worst, = _found(r"largest difference over every weight and BatchNorm statistic " + SCIENTIFIC,
+    worst, = run.found(r"largest difference over every weight and BatchNorm statistic " + SCIENTIFIC,
                     run.cell_text("l08-mymodel-check"))
     run.claim(float(worst) < TOLERANCE, f"BucketedDDP trains MyModel as PyTorch's DDP does, within {TOLERANCE:g} "
               f"(got {worst})")
@@ -83,13 +68,13 @@ def _buckets(run) -> None:
 
 
 def _trace(run) -> None:
-    table = _titled(run, "one step on rank 0, ")
+    table = run.titled("one step on rank 0, ")
     by = {r["version"]: r for r in table["rows"]}
     flat, bucketed, theirs = by["flat"], by["bucketed"], by["torch DDP"]
     run.claim(flat["all_reduces"] == 1 and float(flat["during backward ms"]) == 0.0,
               "FlatDDP's one all-reduce starts after backward() returned")
     run.claim(bucketed["all_reduces"] == 2, f"BucketedDDP sends one all-reduce per bucket, 2 (got {bucketed['all_reduces']})")
-    if _found(r"one step on rank 0, (\w+):", table["title"])[0] == "gloo":  # on GPUs the CPU side only enqueues
+    if run.found(r"one step on rank 0, (\w+):", table["title"])[0] == "gloo":  # on GPUs the CPU side only enqueues
         run.claim(float(bucketed["during backward ms"]) > 0 and float(theirs["during backward ms"]) > 0,
                   "BucketedDDP's and PyTorch's DDP's all-reduces run partly inside backward()")
 
@@ -103,7 +88,7 @@ def _options(run) -> None:
     run.claim(all(rows[s]["3 steps with an unused layer"] == "trained; spare layer unchanged: True"
                   for s in ("find_unused_parameters=True", "static_graph=True")),
               "with find_unused_parameters=True or static_graph=True DDP trains and the unused layer keeps its weights")
-    count, worst = _found(r"all (\d+) checks passed \(every setting on the three models\): the largest difference is "
+    count, worst = run.found(r"all (\d+) checks passed \(every setting on the three models\): the largest difference is "
                           + SCIENTIFIC, run.cell_text("l08-options-show"))
     run.claim(int(count) == 12 and float(worst) < TOLERANCE,
               f"no DDP option changes what is computed: every setting equals one process within {TOLERANCE:g} ({worst})")
@@ -130,7 +115,7 @@ def _accumulation(run, p) -> None:
 
 
 def _hooks(run) -> None:
-    table = _titled(run, "MyModel on ")
+    table = run.titled("MyModel on ")
     top1 = [c for c in table["columns"] if c.startswith("val top-1 after")][0]
     rows = {r["hook"]: r for r in table["rows"]}
     run.claim(len(rows) == 4 and all(r[top1].endswith("(10000)") for r in rows.values()),
@@ -147,7 +132,7 @@ def _compile(run) -> None:
               "DDP(torch.compile(model)) hands the backend one graph per DDPOptimizer piece")
     run.claim(unsplit["graphs"] == 1 and unsplit["optimize_ddp"] is False,
               "with optimize_ddp=False the backend gets one graph")
-    worst, = _found(r"Parameters after the same \d+ steps: largest difference " + SCIENTIFIC,
+    worst, = run.found(r"Parameters after the same \d+ steps: largest difference " + SCIENTIFIC,
                     run.cell_text("l08-compile-speed-show"))
     run.claim(float(worst) < 1e-3, f"compiled and eager training give the same parameters, to rounding (got {worst})")
 
@@ -156,7 +141,7 @@ def _divergence(run, nproc) -> None:
     plain, monitored = run.table("its error, first line")
     run.claim("Timed out" in plain["its error, first line"] and "failed to pass" not in plain["its error, first line"],
               "a barrier only rank 0 calls times out without naming anyone")
-    named, = _found(r"dist\.monitored_barrier gave up after [\d.]+ s and named rank\(s\) ([\d, ]+), the ones",
+    named, = run.found(r"dist\.monitored_barrier gave up after [\d.]+ s and named rank\(s\) ([\d, ]+), the ones",
                     run.cell_text("l08-diverge-barrier-show"))
     run.claim(sorted(int(r) for r in named.split(",")) == list(range(1, nproc)),
               f"monitored_barrier names every rank that did not call it (got {named})")

@@ -16,21 +16,6 @@ DAMAGE = {"4 bytes flipped inside a tensor": "__0_0.distcp", "an emptied shard":
 SCIENTIFIC = r"(\d+(?:\.\d+)?e[-+]\d+)"
 
 
-def _titled(run, start: str) -> dict:
-    """The first table whose title starts with ``start``."""
-    for table in run.tables():
-        if (table["title"] or "").startswith(start):
-            return table
-    raise KeyError(f"table titled {start!r}...")
-
-
-def _found(pattern: str, text: str):
-    found = re.search(pattern, text)
-    if found is None:
-        raise KeyError(f"printed line matching {pattern!r}")
-    return found.groups()
-
-
 def _bytes_per_rank(cell: str) -> list[int]:
     return [int(b.replace(",", "")) for b in cell.split(" / ")]
 
@@ -61,21 +46,21 @@ def _memory(run) -> None:
 
 
 def _zero_and_fsdp(run) -> None:
-    table = _titled(run, "Blocks, Adam, ")
-    worst, = _found(SCIENTIFIC + r" \(checked", table["title"])
+    table = run.titled("Blocks, Adam, ")
+    worst, = run.found(SCIENTIFIC + r" \(checked", table["title"])
     run.claim(float(worst) <= 1e-6, f"ZeRO-1 by hand and ZeroRedundancyOptimizer equal DDP + Adam within 1e-6 at every "
               f"step and world size (got {worst})")
     largest = [float(r["largest rank / formula"]) for r in table["rows"] if r["optimizer"] != "DDP + Adam"]
     run.claim(bool(largest) and max(largest) < 1.1, f"ZeRO-1's fullest rank holds within 10% of 1/N of Adam's state "
               f"(got {max(largest, default=None)})")
 
-    table = _titled(run, "FSDP2 against one process")
-    grad, param = _found(r"gradients within " + SCIENTIFIC + r", parameters within " + SCIENTIFIC, table["title"])
+    table = run.titled("FSDP2 against one process")
+    grad, param = run.found(r"gradients within " + SCIENTIFIC + r", parameters within " + SCIENTIFIC, table["title"])
     run.claim(float(grad) < 1e-5 and float(param) < 1e-5, f"FSDP2's gradients and parameters equal one process's on the "
               f"whole batch within 1e-5 (got {grad}, {param})")
     cuts = []
     for r in table["rows"]:  # torch.chunk's cut of dim 0: ceil(rows / N) per rank, the rest to the last ranks
-        rows, local = (int(_found(pattern, r["blocks[0].linear1.weight"])[0]) for pattern in (r"\((\d+),", r"local \((\d+),"))
+        rows, local = (int(run.found(pattern, r["blocks[0].linear1.weight"])[0]) for pattern in (r"\((\d+),", r"local \((\d+),"))
         share = math.ceil(rows / r["world size"])
         cuts.append(local == max(0, min(share, rows - r["rank"] * share)))
     run.claim(bool(cuts) and all(cuts), "each rank holds the rows of blocks[0].linear1.weight that torch.chunk gives it")
@@ -88,10 +73,10 @@ def _communication(run) -> None:
     run.claim(gathers[0] > gathers[1] > gathers[2], f"all-gathers per step: True > None (default) > False (got {gathers})")
     held = [float(by[k]["gathered MB held between forward and backward"]) for k in ("True", "None", "False")]
     run.claim(held[0] < held[1] < held[2], f"whole parameters held after the forward: True < None < False (got {held} MB)")
-    root_held, root = _found(r"it held ([\d.]+) MB after the forward, exactly the root's own embedding and head "
+    root_held, root = run.found(r"it held ([\d.]+) MB after the forward, exactly the root's own embedding and head "
                              r"\(([\d.]+) MB\)", run.cell_text("l09-fsdp-comm-show"))
     run.claim(root_held == root, f"the default keeps exactly the root's parameters gathered ({root_held} and {root} MB)")
-    backend, = _found(r"\((\w+)\), rank 0", _titled(run, "One step of Blocks in ")["title"])
+    backend, = run.found(r"\((\w+)\), rank 0", run.titled("One step of Blocks in ")["title"])
     if backend == "gloo":
         run.claim(all(r["gloo all-reduces"] == r["reduce-scatters"] for r in table),
                   "on gloo every reduce-scatter is carried out as an all-reduce")
@@ -108,15 +93,15 @@ def _communication(run) -> None:
 
 
 def _accelerate_in_the_pool(run) -> None:
-    table = _titled(run, "Asked for FSDP on ")
-    backend, = _found(r"ranks, (\w+), rank 0", table["title"])
+    table = run.titled("Asked for FSDP on ")
+    backend, = run.found(r"ranks, (\w+), rank 0", table["title"])
     if backend == "gloo":
         run.claim(bool(table["rows"]) and not any(r["sharded"] for r in table["rows"]),
                   "on a CPU neither Accelerate nor the Trainer shards the model when asked for FSDP")
 
 
 def _training(run, p) -> None:
-    records = _titled(run, "FSDP2 on MNIST")["rows"]
+    records = run.titled("FSDP2 on MNIST")["rows"]
     run.claim(bool(records) and all(r["val_count"] == 10_000 for r in records),
               "the FSDP2 run counted 10,000 validation samples after every epoch")
     floor = 0.90 if p["MAX_STEPS"] is None else 0.80
@@ -125,20 +110,20 @@ def _training(run, p) -> None:
 
     compared = {r["script"]: r for r in run.table("correct of 10,000")}
     ddp, fsdp = compared["lesson 02's train.py (DDP)"], compared["train_fsdp.py (FSDP2)"]
-    weights, = _found(r"largest difference between the two final models' weights: " + SCIENTIFIC, run.text())
+    weights, = run.found(r"largest difference between the two final models' weights: " + SCIENTIFIC, run.text())
     ddp_metrics = run.events("runs/09_sharding/ddp")
     run.claim(abs(ddp["correct of 10,000"] - fsdp["correct of 10,000"]) <= 10 and float(weights) < 1e-4
               and bool(ddp_metrics) and ddp_metrics[-1]["val_correct"] == ddp["correct of 10,000"],
               f"DDP and FSDP2 end at the same model: weights within 1e-4 (got {weights}), correct counts within 10")
 
-    correct, logged = _found(r"a plain MyModel from checkpoint-\d+\.pt: ([\d,]+) of 10,000 correct .*the run logged "
+    correct, logged = run.found(r"a plain MyModel from checkpoint-\d+\.pt: ([\d,]+) of 10,000 correct .*the run logged "
                              r"([\d,]+)", run.text())
     run.claim(correct == logged == f"{fsdp['correct of 10,000']:,}",
               f"a plain MyModel scores the plain checkpoint as the run did ({correct} vs {logged})")
 
     table = [t for t in run.tables() if "the model became" in t["columns"]][0]
     rows = {r["script"].split(",")[0].split(" ")[0]: r for r in table["rows"]}
-    backend, whole = _found(r"processes, (\w+), MyModel \(([\d,]+) bytes of fp32 parameters\)", table["title"])
+    backend, whole = run.found(r"processes, (\w+), MyModel \(([\d,]+) bytes of fp32 parameters\)", table["title"])
     whole = int(whole.replace(",", ""))
     fsdp_held = _bytes_per_rank(rows["train_fsdp.py"]["parameter bytes per rank"])
     run.claim(len(fsdp_held) == p["NPROC"] and sum(fsdp_held) == whole and max(fsdp_held) < whole,
@@ -165,13 +150,13 @@ def _checkpoints(run, p) -> None:
     run.claim(sorted(manifest) == [f for f in files if f != "manifest.json"],
               "manifest.json lists every file of the checkpoint but itself")
 
-    after = _titled(run, "resumed from ")["rows"]
+    after = run.titled("resumed from ")["rows"]
     run.claim([r["epoch"] for r in after] == [p["EPOCHS"]] and after[0]["world_size"] == p["RESUME_NPROC"],
               f"the resume ran epoch {p['EPOCHS']} on {p['RESUME_NPROC']} processes")
     resumed = run.cell_text("l09-resume")
     run.claim(after[0]["val_count"] == 10_000 and f"resumed from runs/09_sharding/fsdp/checkpoints/dcp-{p['EPOCHS'] - 1}"
               in resumed, "the resumed run said it resumed from the checkpoint and counted 10,000 validation samples")
-    held, = _found(r"the ranks held ([\d, /]+) parameter bytes", resumed)
+    held, = run.found(r"the ranks held ([\d, /]+) parameter bytes", resumed)
 
     import torch
 
@@ -193,7 +178,7 @@ def _checkpoints(run, p) -> None:
               "dcp.load and dcp_to_torch_save both give exactly the plain checkpoint's weights")
 
     torn = run.cell_text("l09-torn")
-    name, changed = _found(r"4 bytes flipped inside (\S+) in __0_0\.distcp: no error; the loaded (.+?) differs", torn)
+    name, changed = run.found(r"4 bytes flipped inside (\S+) in __0_0\.distcp: no error; the loaded (.+?) differs", torn)
     run.claim(name == changed, f"dcp.load takes 4 flipped bytes silently: only {name} changes (got {changed})")
     refusals = {what: re.search(rf"^{re.escape(what)}, load_into: (.*)$", torn, re.M) for what in DAMAGE}
     run.claim(all(found and found.group(1).startswith(("RuntimeError", "FileNotFoundError")) for found in refusals.values()),
@@ -210,7 +195,7 @@ def _checkpoints(run, p) -> None:
 
 
 def _choosing(run) -> None:
-    measured, formulas, worst = _found(r"carried ([\d. /]+) MB per step \(True / default / False\) against the "
+    measured, formulas, worst = run.found(r"carried ([\d. /]+) MB per step \(True / default / False\) against the "
                                        r"formulas' ([\d. /]+) MB; the difference, at most ([\d.]+)%", run.text())
     m, v = ([float(x) for x in s.split(" / ")] for s in (measured, formulas))
     run.claim(len(m) == len(v) == 3 and all(a >= b for a, b in zip(m, v)) and float(worst) < 2,
