@@ -241,31 +241,47 @@ def _same(base_lines: list[str], cell_lines: list[str]) -> bool:
 
 
 def compact(base_text: str, derived_text: str, context: int = 1) -> str:
-    """A cell for ``derived_text``: its regions, ``context`` non-blank base lines beside each, and ``# ...``.
+    """A cell for ``derived_text``: its own regions, ``context`` non-blank base lines beside each, and ``# ...``.
 
-    The inverse of ``splice``: ``splice(base_text, compact(base_text, derived_text))`` is ``derived_text`` (more
-    context is taken where one line would be found at an earlier place of the base).
+    A region the base already holds, word for word (lesson 05's ``accelerate`` regions in a script derived from
+    lesson 05's train.py), is the base's: ``# ...`` keeps it like any other base line. The inverse of ``splice``:
+    ``splice(base_text, compact(base_text, derived_text))`` is ``derived_text`` (more context is taken where one
+    line would be found at an earlier place of the base).
     """
-    for extra in range(context, 40):
-        text = _compact(derived_text, extra)
-        try:
-            if splice(base_text, text) == derived_text:
-                return text
-        except LineageError:
-            pass
-    return derived_text
+    base_lines, lines = base_text.splitlines(), derived_text.splitlines()
+
+    def inherited(region: Region) -> bool:
+        block = lines[region.first:region.last + 1]
+        return any(base_lines[i:i + len(block)] == block for i in range(len(base_lines) - len(block) + 1))
+
+    every = regions(derived_text)
+    own = [region for region in every if not inherited(region)]
+    cells = []
+    for found in ([own, every] if own != every else [every]):  # the shorter cell of the two readings
+        for extra in range(context, 40):
+            text = _compact(derived_text, extra, found)
+            try:
+                if splice(base_text, text) == derived_text:
+                    cells.append(text)
+                    break
+            except LineageError:
+                pass
+    return min(cells, key=lambda text: text.count("\n"), default=derived_text)
 
 
-def _compact(derived_text: str, context: int) -> str:
-    lines, found = derived_text.splitlines(), regions(derived_text)
+def _compact(derived_text: str, context: int, found: list[Region]) -> str:
+    lines = derived_text.splitlines()
     if not found:
         return derived_text
+
+    def marker(line: str) -> bool:  # an inherited region's marker is never a context line: splice would pair it
+        return bool(BEGIN.match(line) or END.match(line))
 
     def reach(run, from_end):
         """How many lines of a run hold ``context`` non-blank lines, counted from its start (or end)."""
         seen, taken = 0, 0
         for line in (reversed(run) if from_end else run):
-            if seen >= context:
+            if seen >= context or marker(line):
                 break
             taken += 1
             seen += bool(line.strip())
@@ -276,7 +292,7 @@ def _compact(derived_text: str, context: int) -> str:
         run = lines[position:region.first if region else len(lines)]
         head = reach(run, False) if index > 0 else 0  # after the previous region
         tail = reach(run, True) if region else 0  # before this region
-        if head + tail < len(run) - 1:
+        if head + tail < len(run) - 1 or any(marker(line) for line in run[head:len(run) - tail]):
             indent = next((line[:len(line) - len(line.lstrip())] for line in run[len(run) - tail:] + run[head:]
                            if line.strip()), "")
             out += run[:head] + [indent + "# ..."] + run[len(run) - tail:]
