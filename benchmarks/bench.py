@@ -10,7 +10,7 @@ lesson 07's ``runs/07_performance/train.py`` (lesson 02's train.py plus marked r
 
 1. data pipeline: lesson 07's script on 1 process fed five ways: the seed's torchvision pipeline (per-sample
    ToTensor, num_workers 0 and >0), lesson 02's TensorDataset loader, the whole split on the device, and
-   compute only (the epoch's batches sliced ahead: the ceiling); samples/s and time per epoch.
+   compute only (the epoch's batches sliced ahead: no data work in the loop); samples/s and time per epoch.
 2. scaling: 1 and 2 processes (1..N GPUs where present), efficiency T1/(N*TN), and the share of a step in
    the gradient all-reduce (a timing communication hook; and the step without any all-reduce), for MyModel
    and a timm resnet18. On CPUs also one process with one thread per core on the same global batch, side by
@@ -304,7 +304,7 @@ def measure_pipeline(runner: Runner, cfg: dict) -> dict:
         "seed_workers": f"torchvision MNIST + ToTensor per sample, num_workers={workers}",
         "tensor_loader": "TensorDataset + DataLoader (lesson 02, --data tensors)",
         "tensors_on_device": f"whole split as tensors on {device}, sliced by the sampler's order (--data device)",
-        "compute_only": "the epoch's batches sliced ahead, already in memory: the ceiling (--data ahead)",
+        "compute_only": "the epoch's batches sliced ahead, already in memory: no data work in the loop (--data ahead)",
     }
     variants = {}
     for name, key in keys.items():

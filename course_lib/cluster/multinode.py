@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 from ..devices import gpu_count, resolve_nproc
+from ..display import shown_text
 from ..errors import LaunchError, LaunchTimeout
 from ..launch import (RANK_LINE, LaunchSpec, RunResult, check_script, default_run_dir, failure_message, free_port,
                      launch_environment, script_arguments, torchrun_command)
@@ -103,7 +104,7 @@ def torchrun_nodes(script, agents: int = 2, nproc_per_node=1, nnodes=None, scrip
     def handle(k: int, line: str) -> None:
         captured[k].append(line.rstrip("\n"))
         if not quiet:
-            print(f"[node{k}] {line}", end="", flush=True)
+            print(shown_text(f"[node{k}] {line}"), end="", flush=True)  # names no folder of this machine
 
     begin = time.monotonic()
     stopped = None
