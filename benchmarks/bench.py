@@ -52,22 +52,22 @@ DEFAULT_OUT = ROOT / "notebooks" / "runs" / "07_performance"
 sys.path.insert(0, str(ROOT))  # course_lib from this checkout when run from a shell
 
 import course_lib  # noqa: E402
-from course_lib.scripts import script_cells  # noqa: E402
+from course_lib.scripts import LineageError, script_source  # noqa: E402
 from course_lib.teaching.notebooks import px_cells  # noqa: E402
 
 SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch", "inside_ddp")
 MODELS = ("mymodel", "resnet18")  # the scaling and mixed-precision sections measure each
 
-#: Where each script the benchmark launches is written: (notebook, the path its %%write_script cell gives).
+#: The scripts the benchmark launches: the paths their lessons' %%write_script cells give (found in whichever notebook).
 SCRIPTS = {
-    "train": ("notebooks/07_performance.ipynb", "runs/07_performance/train.py"),
-    "level_ddp": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_ddp.py"),
-    "level_accelerate": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_accelerate.py"),
-    "level_trainer": ("notebooks/06_trainer.ipynb", "runs/06_trainer/level_trainer.py"),
-    "hello": ("notebooks/01_collectives.ipynb", "runs/01_collectives/hello.py"),
-    "train_naive": ("notebooks/08_inside_ddp.ipynb", "runs/08_inside_ddp/train_naive.py"),
-    "train_flat": ("notebooks/08_inside_ddp.ipynb", "runs/08_inside_ddp/train_flat.py"),
-    "train_bucketed": ("notebooks/08_inside_ddp.ipynb", "runs/08_inside_ddp/train_bucketed.py"),
+    "train": "runs/07_performance/train.py",
+    "level_ddp": "runs/06_trainer/level_ddp.py",
+    "level_accelerate": "runs/06_trainer/level_accelerate.py",
+    "level_trainer": "runs/06_trainer/level_trainer.py",
+    "hello": "runs/01_collectives/hello.py",
+    "train_naive": "runs/08_inside_ddp/train_naive.py",
+    "train_flat": "runs/08_inside_ddp/train_flat.py",
+    "train_bucketed": "runs/08_inside_ddp/train_bucketed.py",
 }
 #: Lesson 08's %%px cells the inside-DDP section runs on the pool: its models and wrappers, then its timing helpers.
 INSIDE_DDP_CELLS = ("l08-defs", "l08-timing-defs")
@@ -152,14 +152,15 @@ def check_load(when: str, ours_recently: bool = False) -> dict:
 def lesson_scripts(folder: Path) -> dict:
     """Write each script the benchmark launches, from its notebook cell, under ``folder``; {name: path}."""
     written = {}
-    for name, (notebook, target) in SCRIPTS.items():
-        cells = {path: text for path, _, text in script_cells(ROOT / notebook)}
-        if target not in cells:
-            raise SystemExit(f"{notebook} has no cell `%%write_script {target}`; bench.py launches that script. "
-                             "Restore the cell or update SCRIPTS in benchmarks/bench.py.")
+    for name, target in SCRIPTS.items():
+        try:
+            text = script_source(target)
+        except LineageError as err:
+            raise SystemExit(f"{err}\nbench.py launches that script: restore its cell or update SCRIPTS in "
+                             "benchmarks/bench.py.") from err
         path = folder / target
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(cells[target])
+        path.write_text(text)
         written[name] = path
     return written
 
@@ -533,7 +534,7 @@ def measure_inside_ddp(folder: Path, fast: bool, repeats: int | None = None, npr
     """
     steps, rounds = 10 if fast else 30, repeats or (3 if fast else 5)
     try:
-        cells = px_cells(ROOT / SCRIPTS["train_naive"][0], INSIDE_DDP_CELLS)
+        cells = px_cells(sorted((ROOT / "notebooks").glob("08*_*.ipynb")), INSIDE_DDP_CELLS)
     except ValueError as err:
         raise SystemExit(f"{err}; bench.py runs it. Restore the cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.") from err
     pool = course_lib.start_ranks(nproc, quiet=True)
@@ -679,7 +680,7 @@ def run(fast: bool = True, out=None, nproc: int | None = None, sections=SECTIONS
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         folder = Path(tmp)
         scripts = lesson_scripts(folder / "notebooks")
-        result["scripts"] = {name: f"{notebook}: %%write_script {target}" for name, (notebook, target) in SCRIPTS.items()}
+        result["scripts"] = {name: f"%%write_script {target}" for name, target in SCRIPTS.items()}
         runner = Runner(scripts, folder, result["runs"], cfg["rounds"])
         steps_note = (f"{cfg['mymodel']['warmup']} warm-up + {cfg['mymodel']['steps']} timed steps"
                       if cfg["mymodel"]["steps"] else "whole epochs")

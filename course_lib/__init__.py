@@ -21,7 +21,7 @@ _EXPORTS = {
     "MyModel": "model",
     "doctor": "devices", "gpu_count": "devices", "cpu_count": "devices", "available_backends": "devices",
     "default_nproc": "devices", "choose_backend": "devices", "machine_load": "devices",
-    "write_script": "scripts", "positive_int": "scripts",
+    "write_script": "scripts", "write_scripts_of": "scripts", "positive_int": "scripts",
     "show_table": "display", "fresh_run_dir": "display",
     "torchrun": "launch", "accelerate_launch": "launch", "RunResult": "launch", "LaunchSpec": "launch",
     "DataError": "errors", "LaunchConfigError": "errors", "LaunchError": "errors", "LaunchTimeout": "errors",

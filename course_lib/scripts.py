@@ -40,6 +40,9 @@ from .display import in_notebook, shown_path
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = re.compile(r"^\s*# >>> (?P<name>[\w.-]+)(:.*)?$")
 END = re.compile(r"^\s*# <<< (?P<name>[\w.-]+)\s*$")
+#: A lesson notebook: ``02_ddp.ipynb``, or one part of a lesson read in two or three sittings, ``04a_torchrun_restarts.ipynb``
+#: then ``04b_...``. A lesson's parts write under one folder, ``runs/04_torchrun_elastic/``, named after the lesson.
+LESSON_GLOB = "[0-9][0-9]*_*.ipynb"
 KEPT = re.compile(r"^\s*# \.\.\.\s*$")  # in a derived cell: the base's lines at this place, unchanged
 
 
@@ -329,7 +332,7 @@ def script_source(script: str | os.PathLike) -> str:
     """The text of the course script that a ``%%write_script SCRIPT`` cell writes (read from its notebook)."""
     wanted = Path(script).as_posix()
     for folder in ("notebooks", "solutions"):
-        for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+        for notebook in sorted((ROOT / folder).glob(LESSON_GLOB)):
             for target, base, body in _raw_script_cells(notebook):
                 if target == wanted:
                     return body if base is None else splice(script_source(base), body, name=target, base_name=base)
@@ -338,6 +341,24 @@ def script_source(script: str | os.PathLike) -> str:
         return path.read_text()
     raise LineageError(f"no cell of the course writes {wanted} (looked in notebooks/ and solutions/ of {ROOT}), "
                        "and there is no such file. Pass the path as the base's own %%write_script line gives it.")
+
+
+def write_scripts_of(notebook: str, quiet: bool = False) -> list[Path]:
+    """Write every script that another notebook's cells write, as they write it (read from that notebook).
+
+    A lesson's second part launches scripts its first part wrote: this writes them again from the first part's cells,
+    so the part runs on its own in a fresh kernel, whether or not the first part ran. ``notebook``: its name, with
+    or without ``.ipynb`` (``"04a_torchrun_restarts"``), in notebooks/ or solutions/.
+    """
+    name = notebook if notebook.endswith(".ipynb") else f"{notebook}.ipynb"
+    found = [ROOT / folder / name for folder in ("notebooks", "solutions") if (ROOT / folder / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"no notebook {name} in notebooks/ or solutions/ of the course")
+    written = [write_script(target, text, quiet=True) for target, _, text in script_cells(found[0])]
+    if not quiet:
+        print(f"Wrote the {len(written)} scripts of {name}: " + ", ".join(Path(t).as_posix() for t, _, _ in
+                                                                        script_cells(found[0])))
+    return written
 
 
 def script_cells(notebook: str | os.PathLike, as_written: bool = True) -> list[tuple[str, str | None, str]]:

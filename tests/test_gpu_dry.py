@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from course_lib.scripts import script_cells
+from course_lib.scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 HELPER = Path(__file__).with_name("gpu_dry.py")
@@ -106,7 +107,7 @@ CUDA_WORDS = re.compile(r"cuda|nccl", re.IGNORECASE)
 def collect():
     found = []
     for folder in FOLDERS:
-        for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+        for notebook in sorted((ROOT / folder).glob(LESSON_GLOB)):
             for target, _, text in script_cells(notebook):
                 found.append((folder, notebook.name, target, text))
     return found

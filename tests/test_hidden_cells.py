@@ -4,9 +4,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from course_lib.scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
-LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted((ROOT / "notebooks").glob(LESSON_GLOB))
 # What only lesson code does: write a script, set the parameters, run on the ranks, launch.
 LESSON_CODE = ("%%px", "torchrun(", "accelerate_launch(", "LaunchPanel(", "start_ranks(")
 

@@ -12,6 +12,7 @@ import pytest
 
 from course_lib.scripts import (LineageError, _raw_script_cells, check_lineage, compact, regions, script_cells,
                                 script_source, splice)
+from course_lib.scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 # The three families' bases: raw DDP (lesson 02), Accelerate (lesson 05's port), the Trainer (lesson 06).
@@ -22,7 +23,7 @@ TRAINS = re.compile(r"DistributedDataParallel|DDP\(|Accelerator\(|Trainer\(|full
 def _cells(folders=("notebooks", "solutions", "exercises")):
     found = []
     for folder in folders:
-        for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+        for notebook in sorted((ROOT / folder).glob(LESSON_GLOB)):
             for target, base, text in script_cells(notebook):
                 found.append(pytest.param(notebook, target, base, text, id=f"{notebook.stem}:{target}"))
     return found

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from course_lib.scripts import script_cells
+from course_lib.scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "pyproject.toml"
@@ -30,7 +31,7 @@ def _lint(paths, *extra) -> subprocess.CompletedProcess:
 
 def _write_scripts(tmp_path: Path, folder: str) -> list[Path]:
     written = []
-    for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+    for notebook in sorted((ROOT / folder).glob(LESSON_GLOB)):
         for target, _, text in script_cells(notebook):
             path = tmp_path / folder / notebook.stem / target
             path.parent.mkdir(parents=True, exist_ok=True)

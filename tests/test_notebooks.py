@@ -8,9 +8,10 @@ import pytest
 
 from course_lib.teaching.verify import verify
 from notebook_runner import ROOT, execute_notebook, fast_parameters, has_outputs, inject_parameters, parameters_index
+from course_lib.scripts import LESSON_GLOB
 
-LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+LESSONS = sorted((ROOT / "notebooks").glob(LESSON_GLOB))
+SOLUTIONS = sorted((ROOT / "solutions").glob(LESSON_GLOB))
 ALL = LESSONS + SOLUTIONS
 EXECUTED = ROOT / "test-output" / "executed"  # the executed lessons, with their outputs
 

@@ -13,11 +13,12 @@ import torch
 
 from course_lib import devices
 from course_lib.scripts import regions, script_cells
+from course_lib.scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUPS = []
 for folder in ("notebooks", "solutions"):
-    for notebook in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+    for notebook in sorted((ROOT / folder).glob(LESSON_GLOB)):
         for target, _, text in script_cells(notebook):
             tree = ast.parse(text)
             for node in tree.body:

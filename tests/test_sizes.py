@@ -6,6 +6,7 @@ import nbformat
 
 from course_lib.teaching.sizes import measure
 from notebook_runner import ROOT
+from course_lib.scripts import LESSON_GLOB
 
 
 def test_prose_visible_code_asserts_and_repeated_base_are_counted_apart(tmp_path):
@@ -28,5 +29,5 @@ def test_the_command_prints_a_row_per_lesson():
     done = subprocess.run([sys.executable, "-m", "course_lib", "sizes"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    lessons = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    lessons = sorted(p.name for p in (ROOT / "notebooks").glob(LESSON_GLOB))
     assert [line.split()[0] for line in done.stdout.splitlines()[2:]] == lessons

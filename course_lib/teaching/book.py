@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from ..scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parents[2]
 TITLE = "Distributed training in PyTorch, hands-on"
@@ -68,7 +69,7 @@ class Book:
 
 def lessons(only: list[str] | None = None, source: Path = ROOT / "notebooks") -> list[Path]:
     """The lesson notebooks in ``source``, in order; ``only``: those whose name starts with one of these ("02")."""
-    every = sorted(Path(source).glob("[0-9][0-9]_*.ipynb"))
+    every = sorted(Path(source).glob(LESSON_GLOB))
     found = [p for p in every if any(p.stem.startswith(prefix) for prefix in only)] if only else every
     if not found:
         raise BookError(f"no lesson in {source} starts with {', '.join(only)}; the lessons are "
@@ -77,8 +78,11 @@ def lessons(only: list[str] | None = None, source: Path = ROOT / "notebooks") ->
 
 
 def exercises_of(lesson: Path) -> Path | None:
-    path = ROOT / "exercises" / f"{lesson.stem}_exercises.ipynb"
-    return path if path.is_file() else None
+    """The lesson's exercises (``exercises/NN_topic_exercises.ipynb``), after its last part where it has several."""
+    number = lesson.stem[:2]
+    later = [p for p in lesson.parent.glob(f"{number}*_*.ipynb") if p.stem > lesson.stem]
+    found = sorted((ROOT / "exercises").glob(f"{number}_*_exercises.ipynb"))
+    return found[0] if found and not later else None
 
 
 def title_of(nb) -> str:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .exercises import ROOT
+from ..scripts import LESSON_GLOB
 
 HIDDEN_TAGS = {"hide-input", "remove-input", "remove-cell", "hide-cell"}
 WORDS_BAR, CODE_BAR = 2500, 400
@@ -85,7 +86,7 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("notebooks", nargs="*", help="default: every lesson in notebooks/")
     parser.add_argument("--json", action="store_true", help="one JSON object per notebook instead of a table")
     args = parser.parse_args(argv)
-    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob(LESSON_GLOB))
     sizes = [measure(p) for p in paths]
     print("\n".join(json.dumps(asdict(s)) for s in sizes) if args.json else table(sizes))
     return 0

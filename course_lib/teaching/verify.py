@@ -140,7 +140,8 @@ class Run:
 
 
 def claims_of(lesson: str):
-    """The ``check(run)`` of the course's lesson ``lesson`` (``course_lib/teaching/claims/lessonNN.py``), or None.
+    """The ``check(run)`` of the course's lesson ``lesson`` (``course_lib/teaching/claims/lessonNN.py``, or
+    ``lessonNNa.py`` for the part ``NNa_...`` of a lesson read in several sittings), or None.
 
     Only a lesson of the course has claims: another notebook whose name starts with the same number (a copy, a
     test's small lesson) has none.
@@ -150,7 +151,7 @@ def claims_of(lesson: str):
     if not (ROOT / "notebooks" / f"{lesson}.ipynb").is_file():
         return None
     try:
-        module = importlib.import_module(f"{__package__}.claims.lesson{lesson[:2]}")
+        module = importlib.import_module(f"{__package__}.claims.lesson{lesson.split('_')[0]}")
     except ModuleNotFoundError:
         return None
     return module.check
