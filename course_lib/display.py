@@ -1,10 +1,26 @@
 """What every lesson shows besides plots: a table of results, and an empty folder for a run."""
 from __future__ import annotations
 
+import functools
 import html
 import math
 import shutil
 from pathlib import Path
+
+
+COURSE = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=1)
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def _roots() -> list[tuple[Path, str]]:
+    """The folders a lesson never prints in full, most specific first, with what it writes instead."""
+    return [(Path.cwd(), ""), (COURSE, "<course>/"), (Path.home(), "~/")]
 
 
 def shown_path(path: str | Path) -> str:
@@ -12,30 +28,22 @@ def shown_path(path: str | Path) -> str:
     (``<course>/...``) or the home folder (``~/...``); absolute only when it is elsewhere. A notebook's saved output
     then names no folder of the machine it ran on."""
     path = Path(path).absolute()
-    cwd = Path.cwd()
-    course = Path(__file__).resolve().parent.parent
-    for root, prefix in ((cwd, ""), (course, "<course>/"), (Path.home(), "~/")):
+    for root, prefix in _roots():
         try:
             rest = path.relative_to(root).as_posix()
         except ValueError:
             continue
-        if root == cwd:
-            return rest if rest != "." else "."
-        return prefix + (rest if rest != "." else "")
+        return (prefix + rest if rest != "." else prefix or ".")
     return str(path)
 
 
 def shown_text(text: str) -> str:
     """``text`` (a rank's line, a traceback) with the folders of this machine written as ``shown_path`` writes them,
     and the Python environment's packages as ``<site-packages>/``."""
-    import sysconfig
-
-    course = Path(__file__).resolve().parent.parent
-    roots = [(sysconfig.get_paths()["purelib"], "<site-packages>/"), (str(Path.cwd()), ""), (str(course), "<course>/"),
-             (str(Path.home()), "~/")]
-    for root, prefix in roots:
-        if len(root) > 1:  # never "/" itself
-            text = text.replace(root.rstrip("/") + "/", prefix)
+    for root, prefix in [(Path(_site_packages()), "<site-packages>/"), *_roots()]:
+        folder = str(root)
+        if len(folder) > 1:  # never "/" itself
+            text = text.replace(folder.rstrip("/") + "/", prefix)
     return text
 
 
