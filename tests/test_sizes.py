@@ -10,7 +10,7 @@ from course_lib.scripts import LESSON_GLOB
 
 
 def test_prose_visible_code_asserts_and_repeated_base_are_counted_apart(tmp_path):
-    derived = ("%%write_script runs/x/derived.py --base runs/x/base.py\nimport os\n\n"
+    derived = ("%%write_script runs/x/derived.py --base runs/x/base.py\nimport sys\nimport os\n\n"
                "# >>> change: why\nprint('new')\n# <<< change\nprint('base again')\n")
     cells = [nbformat.v4.new_markdown_cell("Four words of prose."),
              nbformat.v4.new_code_cell("x = 1\n\nassert x == 1\n"),
@@ -20,8 +20,9 @@ def test_prose_visible_code_asserts_and_repeated_base_are_counted_apart(tmp_path
     path = tmp_path / "lesson.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     size = measure(path)
-    assert (size.prose_words, size.visible_code_lines, size.visible_asserts) == (4, 2 + 6, 1)
-    assert size.repeated_base_lines == 2  # `import os` and `print('base again')`: the base's lines, stored again
+    assert (size.prose_words, size.visible_code_lines, size.visible_asserts) == (4, 2 + 7, 1)
+    assert size.anchor_lines == 2  # `import os` and `print('base again')`, beside the region: where it goes
+    assert size.repeated_base_lines == 1  # `import sys`: a line of the base stored again for nothing
     assert not size.within_bar
 
 
