@@ -21,7 +21,7 @@ from course_lib.teaching.notebooks import px_cells
 
 from notebook_runner import ROOT
 
-NOTEBOOK = ROOT / "notebooks" / "09_sharding.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "09a_sharding_memory_zero_fsdp.ipynb"
 SCRIPT = "runs/09_sharding/train_fsdp.py"
 CELLS = ("l09-memory-defs", "l09-zero", "l09-fsdp")  # in the notebook's order
 
