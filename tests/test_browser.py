@@ -30,7 +30,7 @@ from notebook_runner import ROOT, fast_parameters, inject_parameters
 
 EXPECT_ENV = "COURSE_EXPECT_BROWSER"
 SHOTS = ROOT / "test-output" / "browser"
-LESSONS = ["00_setup.ipynb", "02_ddp.ipynb"]  # the first lesson, and the first with the launch panel
+LESSONS = ["00_setup.ipynb", "02b_ddp_results.ipynb"]  # the first lesson, and the first with the launch panel
 
 pytestmark = [pytest.mark.browser, pytest.mark.notebook]
 
@@ -262,7 +262,7 @@ def _until(condition, seconds: float, what: str):
 
 
 def test_lesson_02_and_its_launch_panel_in_jupyterlab(lab, page):
-    name = "02_ddp.ipynb"
+    name = "02b_ddp_results.ipynb"  # lesson 02's second part holds the launch panel
     open_notebook(lab, page, name)
     nb = run_all(lab, page, name, timeout=600)
     assert_ran_cleanly(nb, name)

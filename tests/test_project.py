@@ -55,7 +55,7 @@ def test_run_outputs_and_virtual_environments_are_ignored_by_git():
     for path in ("notebooks/runs/02_ddp/metrics.jsonl", "runs/x/train.py", "data/MNIST/raw/t10k-labels-idx1-ubyte",
                  "notebooks/data/MNIST/raw/x", "checkpoints/checkpoint-1.pt", ".venv/bin/python"):
         assert _git("check-ignore", "-q", "--no-index", path).returncode == 0, f"git does not ignore {path}"
-    for path in ("notebooks/02_ddp.ipynb", "course_lib/launch.py", "benchmarks/bench.py", "exercises/x.ipynb"):
+    for path in ("notebooks/02a_ddp_script.ipynb", "course_lib/launch.py", "benchmarks/bench.py", "exercises/x.ipynb"):
         assert _git("check-ignore", "-q", "--no-index", path).returncode == 1, f"git ignores {path}"
 
 

@@ -81,7 +81,7 @@ def test_a_lesson_whose_runs_are_missing_fails_naming_them(tmp_path):
     nb = _notebook("EPOCHS = 1\nSEED_EPOCHS = 1\nGRID_STEPS = 20\nEVAL_NPROCS = [3]\nLR = 0.03\nMOMENTUM = 0.9\n"
                    "SEED_LR = 0.001")
     with pytest.raises(ClaimFailed, match="the lesson's run logged 0 epochs"):
-        verify("02_ddp", nb, tmp_path)
+        verify("02a_ddp_script", nb, tmp_path)
 
 
 def test_a_lesson_without_claims_yet_checks_nothing(tmp_path):
@@ -95,14 +95,16 @@ def test_a_notebook_that_only_shares_a_lessons_number_is_not_held_to_its_claims(
         verify("00_setup", _notebook("X = 1"), tmp_path)
 
 
-def test_lesson_02s_claims_hold_in_its_run_and_one_changed_record_is_found(tmp_path):
-    """On the run tests/test_notebooks.py left (it runs first): every claim holds; then one epoch counted 9,999."""
-    if not (EXECUTED / "02_ddp.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip("lesson 02 has not been executed by tests/test_notebooks.py in this run")
-    nb = nbformat.read(EXECUTED / "02_ddp.ipynb", as_version=4)
-    assert verify("02_ddp", nb, ROOT / "notebooks") >= 18
+@pytest.mark.parametrize("part, seed_run, claims", [("02a_ddp_script", "seed", 10), ("02b_ddp_results", "results/seed", 17)])
+def test_lesson_02s_claims_hold_in_each_parts_run_and_one_changed_record_is_found(part, seed_run, claims, tmp_path):
+    """On the runs tests/test_notebooks.py left (it runs first): every claim of the part holds (27 over the two parts,
+    22 when lesson 02 was one notebook); then one epoch of the part's seed run counted 9,999."""
+    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
+        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
+    nb = nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
+    assert verify(part, nb, ROOT / "notebooks") == claims
     with pytest.raises(ClaimFailed, match="both runs counted 10,000 validation samples") as failed:
-        verify("02_ddp", nb, runs_with_one_lost_sample("02_ddp", "seed", tmp_path))
+        verify(part, nb, runs_with_one_lost_sample("02_ddp", seed_run, tmp_path))
     assert "1 of" in str(failed.value), failed.value  # only that claim
 
 
