@@ -1,5 +1,6 @@
-"""Lesson 08's hand-written DDPs, checked as unit tests: the lesson's own check cells run on 2 gloo processes
-under torchrun (not the notebook's pool), with the scripts its cells write."""
+"""Lesson 08's hand-written DDPs, checked as unit tests: the lesson's own check cells, from its three parts
+(notebooks/08a_..., 08b_..., 08c_...), run on 2 gloo processes under torchrun (not the notebooks' pool), with the
+scripts 08a's cells write."""
 import json
 import os
 import subprocess
@@ -13,11 +14,11 @@ from course_lib.teaching.notebooks import px_cells
 
 from notebook_runner import ROOT
 
-NOTEBOOK = ROOT / "notebooks" / "08_inside_ddp.ipynb"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("08*_*.ipynb"))  # the lesson's parts, searched together by cell id
 SCRIPTS = ("train_naive", "train_flat", "train_bucketed")
 CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused",
          "l08-compile-graphs", "l08-diverge-groups", "l08-diverge-barrier", "l08-diverge-detail",
-         "l08-diverge-join")  # in the notebook's order
+         "l08-diverge-join")  # in the lesson's order, across its parts
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
@@ -49,7 +50,7 @@ def ranks(tmp_path_factory):
     for stem in SCRIPTS:
         (folder / "runs" / "08_inside_ddp" / f"{stem}.py").write_text(script_source(f"runs/08_inside_ddp/{stem}.py"))
     paths = []
-    for cell_id, code in px_cells(NOTEBOOK, CELLS).items():  # raises when a cell is no longer %%px
+    for cell_id, code in px_cells(NOTEBOOKS, CELLS).items():  # raises when a cell is no longer %%px
         paths.append(folder / f"{cell_id}.py")
         paths[-1].write_text(code)
     (folder / "program.py").write_text(PROGRAM)

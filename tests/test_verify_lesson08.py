@@ -1,5 +1,5 @@
-"""Lesson 08's claims (course_lib/teaching/claims/lesson08.py) hold in its run and a false one is found; its traffic
-counter, which does not depend on the run, is checked here directly."""
+"""Lesson 08's claims, one module per part (course_lib/teaching/claims/lesson08a.py, 08b, 08c), hold in each part's run
+and a false one is found; 08b's traffic counter, which does not depend on the run, is checked here directly."""
 import copy
 
 import nbformat
@@ -11,14 +11,26 @@ from course_lib.teaching.notebooks import px_cells
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
 EXECUTED = ROOT / "test-output" / "executed"
-NOTEBOOK = ROOT / "notebooks" / "08_inside_ddp.ipynb"
+BUILD, OPTIONS, HANGS = "08a_build_ddp", "08b_ddp_options_hooks_compile", "08c_ddp_hangs_and_mnist"
+
+
+def _executed(stem):
+    """The part as tests/test_notebooks.py executed it (it runs first), or a skip."""
+    if not (EXECUTED / f"{stem}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
+        pytest.skip(f"{stem} has not been executed by tests/test_notebooks.py in this run")
+    return nbformat.read(EXECUTED / f"{stem}.ipynb", as_version=4)
+
+
+def _table(nb, cell_id):
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    return next(o for o in cell.outputs if "course_table" in o.get("metadata", {}))["metadata"]["course_table"]
 
 
 def test_counted_wire_counts_all_reduces_inside_and_gives_the_real_one_back(tmp_path):
-    """Section 8's counted_wire(): calls and bytes inside, from zero each time; afterwards, even after an error,
+    """Section 8's counted_wire() (08b): calls and bytes inside, from zero each time; afterwards, even after an error,
     dist.all_reduce is torch's own again (section 9 trains with hooks inside it)."""
     space = {"torch": torch, "dist": dist}
-    exec(px_cells(NOTEBOOK, ["l08-accum-defs"])["l08-accum-defs"], space)
+    exec(px_cells(ROOT / "notebooks" / f"{OPTIONS}.ipynb", ["l08-accum-defs"])["l08-accum-defs"], space)
     real = dist.all_reduce
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -34,29 +46,50 @@ def test_counted_wire_counts_all_reduces_inside_and_gives_the_real_one_back(tmp_
         dist.destroy_process_group()
 
 
-def test_lesson_08s_claims_hold_in_its_run_and_a_changed_bucket_size_is_found():
-    """On the run tests/test_notebooks.py left (it runs first): every claim holds; then DDP's rebuilt buckets, as
-    the table shows them, differ from ours by one byte, and only that claim fails."""
-    if not (EXECUTED / "08_inside_ddp.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip("lesson 08 has not been executed by tests/test_notebooks.py in this run")
-    nb = nbformat.read(EXECUTED / "08_inside_ddp.ipynb", as_version=4)
-    assert verify("08_inside_ddp", nb, ROOT / "notebooks") == 34
+def test_lesson_08as_claims_hold_in_its_run_and_a_changed_bucket_size_is_found():
+    """Every claim of 08a holds; then DDP's rebuilt buckets, as the table shows them, differ from ours by one byte,
+    and only that claim fails."""
+    nb = _executed(BUILD)
+    assert verify(BUILD, nb, ROOT / "notebooks") == 8
     doctored = copy.deepcopy(nb)
-    cell = next(c for c in doctored.cells if c.get("id") == "l08-buckets-show")
-    table = next(o for o in cell.outputs if "course_table" in o.get("metadata", {}))["metadata"]["course_table"]
-    table["rows"][0]["DDP reported, rebuilt (B)"] = "2,857 | 16,384 | 5,376"
+    _table(doctored, "l08-buckets-show")["rows"][0]["DDP reported, rebuilt (B)"] = "2,857 | 16,384 | 5,376"
     with pytest.raises(ClaimFailed, match="DDP's rebuilt buckets have our bytes") as failed:
-        verify("08_inside_ddp", doctored, ROOT / "notebooks")
+        verify(BUILD, doctored, ROOT / "notebooks")
     assert "1 of" in str(failed.value), failed.value  # only that claim
 
 
-def test_lesson_08s_claim_that_the_training_run_counted_every_image_reads_its_metrics(tmp_path):
-    if not (EXECUTED / "08_inside_ddp.ipynb").exists():
-        pytest.skip("lesson 08 has not been executed by tests/test_notebooks.py in this run")
-    nb = nbformat.read(EXECUTED / "08_inside_ddp.ipynb", as_version=4)
+def test_lesson_08bs_claims_hold_in_its_run_and_a_changed_byte_count_is_found():
+    """Every claim of 08b holds; then fp16 compression, as the hooks' table shows it, sends one byte more than half
+    of allreduce's, and only that claim fails."""
+    nb = _executed(OPTIONS)
+    assert verify(OPTIONS, nb, ROOT / "notebooks") == 16
+    doctored = copy.deepcopy(nb)
+    row = next(r for r in _table(doctored, "l08-hooks-show")["rows"] if r["hook"] == "fp16 compression")
+    row["bytes sent per step"] = f"{int(row['bytes sent per step'].replace(',', '')) + 1:,}"
+    with pytest.raises(ClaimFailed, match="fp16 compression sends half allreduce's bytes") as failed:
+        verify(OPTIONS, doctored, ROOT / "notebooks")
+    assert "1 of" in str(failed.value), failed.value
+
+
+def test_lesson_08cs_claims_hold_in_its_run_and_a_rank_that_was_not_named_is_found():
+    """Every claim of 08c holds; then monitored_barrier's printed line names no rank it should, and only that claim
+    fails."""
+    nb = _executed(HANGS)
+    assert verify(HANGS, nb, ROOT / "notebooks") == 10
+    doctored = copy.deepcopy(nb)
+    cell = next(c for c in doctored.cells if c.get("id") == "l08-diverge-barrier-show")
+    stream = next(o for o in cell.outputs if o.get("output_type") == "stream" and "named rank(s)" in o["text"])
+    stream["text"] = stream["text"].replace("named rank(s) 1,", "named rank(s) 0,", 1)
+    with pytest.raises(ClaimFailed, match="monitored_barrier names every rank that did not call it") as failed:
+        verify(HANGS, doctored, ROOT / "notebooks")
+    assert "1 of" in str(failed.value), failed.value
+
+
+def test_lesson_08cs_claim_that_the_training_run_counted_every_image_reads_its_metrics(tmp_path):
+    nb = _executed(HANGS)
     (tmp_path / "runs" / "08_inside_ddp" / "bucketed").mkdir(parents=True)
     source = ROOT / "notebooks" / "runs" / "08_inside_ddp" / "bucketed" / "metrics.jsonl"
     (tmp_path / "runs" / "08_inside_ddp" / "bucketed" / "metrics.jsonl").write_text(
         source.read_text().replace('"val_count": 10000', '"val_count": 9999'))
     with pytest.raises(ClaimFailed, match="each counting the 10,000 validation images"):
-        verify("08_inside_ddp", nb, tmp_path)
+        verify(HANGS, nb, tmp_path)
