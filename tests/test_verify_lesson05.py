@@ -1,5 +1,6 @@
-"""Lesson 05's claims (course_lib/teaching/claims/lesson05.py) hold in its run and a false one is named; the facts
-about Accelerate's prepared loaders that the lesson shows, and that do not depend on its run, are tested here."""
+"""Lesson 05's claims, one module per part (course_lib/teaching/claims/lesson05a.py, 05b, 05c), hold in each part's run
+and a false one is named; the facts about Accelerate's prepared loaders that the lesson shows, and that do not depend
+on its run, are tested here."""
 import json
 import shutil
 
@@ -24,7 +25,7 @@ def fresh_accelerate():
 
 
 def _epoch(seedable, epoch=1, skip=0, draws=0):
-    """Lesson 05's epoch_batches: one epoch of a shuffled, prepared loader of the numbers 0-63, seed 0."""
+    """Lesson 05b's epoch_batches: one epoch of a shuffled, prepared loader of the numbers 0-63, seed 0."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, set_seed
 
@@ -39,7 +40,7 @@ def _epoch(seedable, epoch=1, skip=0, draws=0):
 
 
 def test_a_seedable_sampler_resumes_mid_epoch_with_the_batches_left(fresh_accelerate):
-    """Section 7: set_seed + set_epoch fix the order, whatever was drawn since; skip_first_batches skips."""
+    """05b, section 7: set_seed + set_epoch fix the order, whatever was drawn since; skip_first_batches skips."""
     whole = _epoch(seedable=True)
     resumed = _epoch(seedable=True, skip=3, draws=1000)
     assert resumed == whole[3:] and len(resumed) == len(whole) - 3
@@ -47,7 +48,7 @@ def test_a_seedable_sampler_resumes_mid_epoch_with_the_batches_left(fresh_accele
 
 
 def test_split_batches_and_even_batches_share_ten_numbers_over_three_processes():
-    """Section 7's table: the batch size per process or cut in pieces; even batches repeat, uneven read once."""
+    """05c's table: the batch size per process or cut in pieces; even batches repeat, uneven read once."""
     ten = TensorDataset(torch.arange(10))
     shares = {(split, even): [[b[0].tolist() for b in prepare_data_loader(
         DataLoader(ten, batch_size=6 if split else 4), num_processes=3, process_index=rank, split_batches=split,
@@ -58,22 +59,69 @@ def test_split_batches_and_even_batches_share_ten_numbers_over_three_processes()
     assert sorted(n for batches in shares[False, False] for b in batches for n in b) == list(range(10))
 
 
-def test_lesson_05s_claims_hold_in_its_run_and_a_wrong_accumulation_is_found(tmp_path):
-    """On the run tests/test_notebooks.py left (it runs first): every claim holds; then the accumulation run's
-    metrics say the optimizer stepped on every batch, and that claim alone fails."""
-    if not (EXECUTED / "05_accelerate.ipynb").exists():  # checked when the test runs, after test_notebooks.py
-        pytest.skip("lesson 05 has not been executed by tests/test_notebooks.py in this run")
-    nb = nbformat.read(EXECUTED / "05_accelerate.ipynb", as_version=4)
-    checked = verify("05_accelerate", nb, ROOT / "notebooks")
-    assert checked == 37
+PARTS = {"05a": "05a_accelerate_port", "05b": "05b_accelerate_trap_and_evaluation",
+         "05c": "05c_accelerate_precision_accumulation"}
+
+
+def _executed(part):
+    """A part's executed notebook, as tests/test_notebooks.py left it (it runs first), or a skip."""
+    if not (EXECUTED / f"{PARTS[part]}.ipynb").exists():  # checked when the test runs, after test_notebooks.py
+        pytest.skip(f"lesson {part} has not been executed by tests/test_notebooks.py in this run")
+    return nbformat.read(EXECUTED / f"{PARTS[part]}.ipynb", as_version=4)
+
+
+def _doctored(tmp_path, run_dir, change):
+    """A copy of lesson 05's runs with one run's metrics changed by ``change(record)``; the copy's folder."""
     shutil.copytree(ROOT / "notebooks" / "runs" / "05_accelerate", tmp_path / "runs" / "05_accelerate",
                     ignore=shutil.ignore_patterns("logs", "state", "*.pkl"))
-    metrics = tmp_path / "runs" / "05_accelerate" / "accum" / "metrics.jsonl"
+    metrics = tmp_path / "runs" / "05_accelerate" / run_dir / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     for record in records:
+        change(record)
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return tmp_path
+
+
+def test_lesson_05as_claims_hold_in_its_run_and_a_baseline_that_lost_images_is_found(tmp_path):
+    """Every claim of 05a holds; then lesson 02's baseline run says it counted 9,999 images, and that claim alone
+    fails."""
+    nb = _executed("05a")
+    assert verify(PARTS["05a"], nb, ROOT / "notebooks") == 16
+
+    def lose_one(record):
+        if record.get("event") == "epoch":
+            record["val_count"] = 9_999
+
+    with pytest.raises(ClaimFailed, match="lesson 02's script under torchrun trained") as failed:
+        verify(PARTS["05a"], nb, _doctored(tmp_path, "ddp", lose_one))
+    assert "1 of" in str(failed.value), failed.value  # only that claim
+
+
+def test_lesson_05bs_claims_hold_in_its_run_and_an_evaluation_that_counted_repeats_is_found(tmp_path):
+    """Every claim of 05b holds; then the evaluation at EVAL_NPROC processes says it kept the repeated samples too,
+    and that claim alone fails."""
+    nb = _executed("05b")
+    assert verify(PARTS["05b"], nb, ROOT / "notebooks") == 12
+
+    def keep_repeats(record):
+        if record.get("event") == "eval":
+            record["val_count"] = sum(record["val_seen"])
+
+    with pytest.raises(ClaimFailed, match="gather_for_metrics kept exactly 10,000 images") as failed:
+        verify(PARTS["05b"], nb, _doctored(tmp_path, "eval", keep_repeats))
+    assert "1 of" in str(failed.value), failed.value  # only that claim
+
+
+def test_lesson_05cs_claims_hold_in_its_run_and_a_wrong_accumulation_is_found(tmp_path):
+    """Every claim of 05c holds; then the accumulation run's metrics say the optimizer stepped on every batch, and
+    that claim alone fails."""
+    nb = _executed("05c")
+    assert verify(PARTS["05c"], nb, ROOT / "notebooks") == 11
+
+    def step_every_batch(record):
         if record.get("event") == "epoch":
             record["optimizer_steps"] = record["steps_per_epoch"]
-    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+
     with pytest.raises(ClaimFailed, match="the optimizer stepped once per") as failed:
-        verify("05_accelerate", nb, tmp_path)
+        verify(PARTS["05c"], nb, _doctored(tmp_path, "accum", step_every_batch))
     assert "1 of" in str(failed.value), failed.value  # only that claim
