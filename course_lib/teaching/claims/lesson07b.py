@@ -1,28 +1,18 @@
-"""What lesson 07 says about its run, checked from its artifacts (see course_lib.teaching.verify).
+"""What part 07b of lesson 07 says about its run, checked from its artifacts (see course_lib.teaching.verify).
 
-The benchmark's sections are read from the tables the lesson drew and from the ``bench.json`` it wrote into ``OUT``
-(checked by the benchmark's own ``required_figures``); the profile from its trace file and printed share; the launch
-panel from its run's metrics and from the state of its widgets, which the executed notebook keeps in its metadata.
-That resnet18 needs over 100 times MyModel's operations per sample does not depend on the run: it is a unit test
-(tests/test_verify_lesson07.py).
+The benchmark's sections 4 and 5 (mixed precision, launch overhead, lesson 08's versions) are read from the
+``bench.json`` the part wrote into ``OUT`` and from its table of ratios; the profile from its trace file and printed
+share; the launch panel from its run's metrics and from the state of its widgets, which the executed notebook keeps
+in its metadata.
 """
 from __future__ import annotations
 
 import base64
-import json
 import re
-import sys
 
-from course_lib.teaching.verify import ROOT
+from course_lib.teaching.claims.lesson07a import claim_bench_json
 
-
-def _bench():
-    """benchmarks/bench.py, imported as the lesson imports it."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    import bench
-
-    return bench
+SECTIONS = ("mixed_precision", "launch", "inside_ddp")
 
 
 def _widgets(run, model_name: str) -> list[dict]:
@@ -33,31 +23,12 @@ def _widgets(run, model_name: str) -> list[dict]:
 
 def check(run) -> None:
     p = run.parameters
-    bench = _bench()
 
-    # Section 1: the pipelines compared.
-    pipelines = [row["pipeline"] for row in run.table("vs compute only")]
-    run.claim(pipelines == list(bench.PIPELINES),
-              f"section 1 compares the benchmark's pipelines {', '.join(bench.PIPELINES)}, in that order "
-              f"(the table shows {pipelines})")
-
-    # Section 2: scaling, MyModel on 1 and on 2 processes.
-    processes = {row["processes"] for row in run.table("comm_share_hook") if row["model"] == "mymodel"}
-    run.claim(processes >= {1, 2}, f"the scaling table has MyModel on 1 and on 2 processes (it has {sorted(processes)})")
-
-    # Section 5: every figure of the result, and the table of this run's ratios.
-    result = json.loads((run.folder / p["OUT"] / "bench.json").read_text())
-    try:
-        figures = bench.required_figures(result)
-    except KeyError as missing:
-        figures = {str(missing): None}
-    bad = sorted(name for name, value in figures.items()
-                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0)
-    run.claim(bool(figures) and not bad,
-              f"bench.json holds every figure the benchmark promises, each a number >= 0 (not so: {bad[:5]})")
+    # Sections 4 and 5: every figure of this part's sections, and the table of its ratios.
+    claim_bench_json(run, SECTIONS)
     targets = run.table("measured")
     run.claim(bool(targets) and all(row["measured"] > 0 for row in targets),
-              "every ratio of the run's table of figures is positive")
+              "every ratio of the part's table of figures is positive")
 
     # Section 6: the profile of one process.
     profile = run.cell_text("c72227ec")
