@@ -14,12 +14,13 @@ def _titled(run, title: str) -> list[dict]:
     """The rows of the table drawn with this title, lists parsed back; [] (and a failed claim) if none."""
     for table in run.tables():
         if table["title"] == title:
-            return [{key: _value(value) for key, value in row.items()} for row in table["rows"]]
+            return [{key: cell_value(value) for key, value in row.items()} for row in table["rows"]]
     run.fail(f"the lesson drew no table titled {title!r}")
     return []
 
 
-def _value(value):
+def cell_value(value):
+    """A table cell as its Python value: a list shown as text ("[1.0, 2.0]") back as a list."""
     if isinstance(value, str) and value.startswith("["):
         try:
             return ast.literal_eval(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from .lesson01a import _value
+from .lesson01a import cell_value
 
 
 def check(run) -> None:
@@ -22,7 +22,7 @@ def check(run) -> None:
               f"the gradients averaged by hand equal DDP's within {p['GRAD_TOLERANCE']:g} at every step (worst {worst:.2e})")
     run.claim(bool(steps) and max(s["max |param diff| after step"] for s in steps) <= p["GRAD_TOLERANCE"],
               "after every step the hand-made replica's parameters equal DDP's within the tolerance")
-    sums = [{key: _value(value) for key, value in row.items()} for row in run.table("parameters (by hand)")]
+    sums = [{key: cell_value(value) for key, value in row.items()} for row in run.table("parameters (by hand)")]
     replicas = len(sums)
     for column, claim in (("parameters (by hand)", "the hand-made replicas hold identical parameters on every rank"),
                           ("parameters (DDP)", "DDP's replicas hold identical parameters on every rank"),
