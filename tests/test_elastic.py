@@ -23,7 +23,7 @@ from course_lib.cluster.multinode import torchrun_nodes
 from course_lib.scripts import script_cells
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "04_torchrun_elastic.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "04a_torchrun_restarts.ipynb"  # part 04a writes train.py
 SBATCH = ROOT / "slurm" / "train.sbatch"
 SMALL = ["--epochs", "2", "--max-steps", "8"]
 LAUNCH_TIMEOUT = 240  # seconds; generous because other jobs may share the cores
@@ -261,7 +261,7 @@ def test_sbatch_without_the_script_says_to_run_the_notebook(fake_slurm):
     (submit / "notebooks" / "runs" / "04_torchrun_elastic" / "train.py").unlink()
     done = subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True)
     assert done.returncode == 2
-    assert "04_torchrun_elastic.ipynb" in done.stderr
+    assert "04a_torchrun_restarts.ipynb" in done.stderr
     assert not srun_args.exists()
 
 

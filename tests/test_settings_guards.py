@@ -8,8 +8,8 @@ from IPython.core.inputtransformer2 import TransformerManager
 from course_lib.teaching.verify import ROOT
 
 GUARDS = {  # lesson, setting: (values that run, values refused); other names as in the lesson's defaults
-    ("03_ddp_pitfalls", "LOOP_EPOCHS"): ([2, 5], [1, 0]),
-    ("04_torchrun_elastic", "FAIL_AT_EPOCH"): ([0, 1], [2, -1, 5]),
+    ("03a_pitfalls_setup_and_evaluation", "LOOP_EPOCHS"): ([2, 5], [1, 0]),
+    ("04a_torchrun_restarts", "FAIL_AT_EPOCH"): ([0, 1], [2, -1, 5]),
 }
 
 
