@@ -175,23 +175,24 @@ def _run_plain(tree: Path, mirror: Path, notebook: Path, target: str, text: str)
 def plain_runs(tmp_path_factory, mirror):
     """Every script the lessons and solutions write, laid out as the notebooks' folders hold them, each run once
     with plain python. A notebook's scripts run in its order (an evaluation reads the checkpoint its training
-    wrote); two notebooks at a time, one process each, on the machine's cores."""
+    wrote, and a lesson's later part may evaluate what its first part trained: a lesson's parts run in order); two
+    lessons at a time, one process each, on the machine's cores."""
     tree = tmp_path_factory.mktemp("course")
-    by_notebook: dict[Path, list] = {}
+    by_lesson: dict[tuple[str, str], list] = {}
     for param in PLAIN:
         notebook, target, _, text = param.values
         path = tree / notebook.parent.name / target
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        by_notebook.setdefault(notebook, []).append((target, text))
+        by_lesson.setdefault((notebook.parent.name, notebook.stem[:2]), []).append((notebook, target, text))
 
-    def run_notebook(notebook):
+    def run_lesson(lesson):
         return {(notebook, target): _run_plain(tree, mirror, notebook, target, text)
-                for target, text in by_notebook[notebook]}
+                for notebook, target, text in by_lesson[lesson]}
 
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         runs = {}
-        for done in pool.map(run_notebook, by_notebook):
+        for done in pool.map(run_lesson, by_lesson):
             runs.update(done)
     return runs
 
