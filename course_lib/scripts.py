@@ -19,8 +19,11 @@ lines at that place, unchanged, and a few base lines next to each region say whe
     return p.parse_args()
     # ...
 
-``write_script`` splices the regions into the base and writes the complete file (see ``splice``). BASE names the path another cell writes (``runs/02_ddp/train.py``): its
-text is read from the lesson notebook that holds that cell, so a lesson never needs an earlier one run first.
+``write_script`` splices the regions into the base and writes the complete file (see ``splice``). A base that is
+derived in turn keeps its own markers, and they are base lines like any other: a cell anchors on them and never
+repeats the base's regions (see ``cell_tokens``). BASE names the path another cell writes
+(``runs/02_ddp/train.py``): its text is read from the lesson notebook that holds that cell, so a lesson never
+needs an earlier one run first.
 """
 from __future__ import annotations
 
@@ -161,6 +164,46 @@ def lineage_matches(base_text: str, derived_text: str) -> bool:
     return True
 
 
+def cell_tokens(base_text: str, cell_text: str, name: str = "the script") -> list[tuple[str, list[str] | None]]:
+    """A derived cell read against its base, in order: ``("context", lines)``, ``("kept", None)`` for ``# ...``,
+    ``("region", lines)`` for one of the cell's own regions, markers included.
+
+    A marker line that is one of the base's own lines (a base derived in turn, like lesson 05's train.py with its
+    ``accelerate`` regions) is context like any other base line: a cell may anchor a region of its own next to the
+    base's regions without repeating them. A region of the cell's own runs from a ``# >>> NAME: why`` line to its
+    ``# <<< NAME`` and is not the base's word for word (it may replace a base region of the same name).
+    """
+    base, lines = base_text.splitlines(), cell_text.splitlines()
+
+    def the_bases(block: list[str]) -> bool:
+        return any(base[j:j + len(block)] == block for j in range(len(base) - len(block) + 1))
+
+    tokens, i = [], 0
+    while i < len(lines):
+        begin = BEGIN.match(lines[i])
+        last = begin and next((j for j in range(i + 1, len(lines))
+                               if (end := END.match(lines[j])) and end["name"] == begin["name"]), None)
+        if begin and lines[i] not in base and last is None:
+            raise LineageError(f"{name}, line {i + 1}: region {begin['name']!r} is never closed; "
+                               f"add '# <<< {begin['name']}' after its last line")
+        # The cell's own region: a marked block the base does not hold (its first line may be the base's, when the
+        # region replaces a base region of that name). A base marker with '# ...' before its end is an anchor.
+        if begin and (lines[i] not in base or (
+                last is not None and not any(KEPT.match(line) for line in lines[i:last])
+                and not the_bases(lines[i:last + 1]))):
+            tokens.append(("region", lines[i:last + 1]))
+            i = last + 1
+        elif KEPT.match(lines[i]):
+            tokens.append(("kept", None))
+            i += 1
+        else:
+            if not tokens or tokens[-1][0] != "context":
+                tokens.append(("context", []))
+            tokens[-1][1].append(lines[i])
+            i += 1
+    return tokens
+
+
 def splice(base_text: str, cell_text: str, name: str = "the script", base_name: str = "its base") -> str:
     """The complete derived script of a cell that holds its regions, base lines around them, and ``# ...`` lines.
 
@@ -172,21 +215,8 @@ def splice(base_text: str, cell_text: str, name: str = "the script", base_name: 
     """
     if not any(KEPT.match(line) for line in cell_text.splitlines()):
         return cell_text
-    base, lines = base_text.splitlines(), cell_text.splitlines()
-    spans = {r.first: r for r in regions(cell_text)}
-    tokens, i = [], 0  # ("context", lines) | ("kept", None) | ("region", lines), in the cell's order
-    while i < len(lines):
-        if i in spans:
-            tokens.append(("region", lines[i:spans[i].last + 1]))
-            i = spans[i].last + 1
-        elif KEPT.match(lines[i]):
-            tokens.append(("kept", None))
-            i += 1
-        else:
-            if not tokens or tokens[-1][0] != "context":
-                tokens.append(("context", []))
-            tokens[-1][1].append(lines[i])
-            i += 1
+    base = base_text.splitlines()
+    tokens = cell_tokens(base_text, cell_text, name)
     out, position, between = [], 0, []
     for kind, chunk in tokens + [("end", None)]:
         if kind in ("kept", "region"):
@@ -260,31 +290,46 @@ def compact(base_text: str, derived_text: str, context: int = 1) -> str:
     every = regions(derived_text)
     own = [region for region in every if not inherited(region)]
     cells = []
-    for found in ([own, every] if own != every else [every]):  # the shorter cell of the two readings
-        for extra in range(context, 40):
-            text = _compact(derived_text, extra, found)
+    readings = [(found, anchors) for found in ([own, every] if own != every else [every]) for anchors in (False, True)]
+    for found, marker_anchors in readings:  # the shortest cell of the readings
+        tails = [context] * len(found)  # base lines before each region, grown only where one is found too early
+        while max(tails, default=context) < 40:
+            text = _compact(derived_text, context, found, marker_anchors, tails)
             try:
-                if splice(base_text, text) == derived_text:
-                    cells.append(text)
-                    break
+                written = splice(base_text, text)
             except LineageError:
-                pass
+                written = None
+            if written == derived_text:
+                cells.append(text)
+                break
+            if written is None:
+                tails = [t + 1 for t in tails]
+                continue
+            written_lines = written.splitlines()  # the first line where they part: the next region came too early
+            parted = next((i for i, (a, b) in enumerate(zip(written_lines, lines)) if a != b), len(written_lines))
+            late = [i for i, region in enumerate(found) if region.first >= parted]
+            tails = [t + 1 for t in tails] if not late else [t + (i == late[0]) for i, t in enumerate(tails)]
     return min(cells, key=lambda text: text.count("\n"), default=derived_text)
 
 
-def _compact(derived_text: str, context: int, found: list[Region]) -> str:
+def _compact(derived_text: str, context: int, found: list[Region], marker_anchors: bool = True,
+             tails: list[int] | None = None) -> str:
+    """``derived_text`` as its regions ``found``, ``context`` lines beside each and ``# ...``. Without
+    ``marker_anchors`` a marker line of the base's regions is never taken as an anchor: a region next to one is
+    placed by ``# ...`` and the context on its other side (shorter where the base repeats its ``# <<< NAME`` lines).
+    ``tails[i]``, where given, is the number of base lines before region ``i`` instead of ``context``."""
     lines = derived_text.splitlines()
     if not found:
         return derived_text
 
-    def marker(line: str) -> bool:  # an inherited region's marker is never a context line: splice would pair it
-        return bool(BEGIN.match(line) or END.match(line))
+    def marker(line: str) -> bool:
+        return not marker_anchors and bool(BEGIN.match(line) or END.match(line))
 
-    def reach(run, from_end):
-        """How many lines of a run hold ``context`` non-blank lines, counted from its start (or end)."""
+    def reach(run, from_end, wanted):
+        """How many lines of a run hold ``wanted`` non-blank lines, counted from its start (or end)."""
         seen, taken = 0, 0
         for line in (reversed(run) if from_end else run):
-            if seen >= context or marker(line):
+            if seen >= wanted or marker(line):
                 break
             taken += 1
             seen += bool(line.strip())
@@ -293,9 +338,9 @@ def _compact(derived_text: str, context: int, found: list[Region]) -> str:
     out, position = [], 0
     for index, region in enumerate(found + [None]):
         run = lines[position:region.first if region else len(lines)]
-        head = reach(run, False) if index > 0 else 0  # after the previous region
-        tail = reach(run, True) if region else 0  # before this region
-        if head + tail < len(run) - 1 or any(marker(line) for line in run[head:len(run) - tail]):
+        head = reach(run, False, context) if index > 0 else 0  # after the previous region
+        tail = reach(run, True, tails[index] if tails else context) if region else 0  # before this region
+        if head + tail < len(run) or any(marker(line) for line in run[head:len(run) - tail]):
             indent = next((line[:len(line) - len(line.lstrip())] for line in run[len(run) - tail:] + run[head:]
                            if line.strip()), "")
             out += run[:head] + [indent + "# ..."] + run[len(run) - tail:]

@@ -151,6 +151,47 @@ def test_a_line_of_code_changed_in_the_base_is_named_where_a_cell_holds_it():
         splice(base.replace("a = 1", "a = 10"), cell)
 
 
+# A base that is itself derived: it carries regions of its own (lesson 05's train.py and its `accelerate` regions).
+DERIVED_BASE = "a\n# >>> acc: the base's region\nB\n# <<< acc\nc\n# >>> acc: another\nD\n# <<< acc\ne\n"
+
+
+def test_a_cell_anchors_its_region_on_a_marker_of_its_base_without_repeating_the_bases_region():
+    cell = "# ...\n# <<< acc\n# >>> mine: after the base's first region\nX\n# <<< mine\nc\n# ...\n"
+    written = splice(DERIVED_BASE, cell)
+    assert written == DERIVED_BASE.replace("# <<< acc\nc\n", "# <<< acc\n# >>> mine: after the base's first region\nX\n"
+                                                         "# <<< mine\nc\n", 1)
+    check_lineage(DERIVED_BASE, written)
+    held = compact(DERIVED_BASE, written)
+    assert splice(DERIVED_BASE, held) == written and "B" not in held.splitlines(), held
+
+
+def test_a_region_of_the_cell_replaces_the_bases_region_of_that_name_even_with_the_same_first_line():
+    """A marked block that is not the base's word for word is the cell's own, whatever its first line."""
+    cell = "a\n# >>> acc: the base's region\nB2\n# <<< acc\nc\n# ...\n"
+    assert splice(DERIVED_BASE, cell) == DERIVED_BASE.replace("\nB\n", "\nB2\n")
+    with pytest.raises(LineageError, match="never closed"):
+        splice(DERIVED_BASE, "a\n# >>> own: opened\nB2\n# ...\n")
+
+
+def test_a_change_to_the_accelerate_base_is_made_once_and_its_derived_scripts_follow():
+    """Lesson 05's train.py is a base derived in turn: a comment edited inside one of its own `accelerate` regions
+    reaches every script derived from it, and no cell that writes one holds that region."""
+    base = script_source("runs/05_accelerate/train.py")
+    line = next(text for text in base.splitlines() if "# DDP all-reduces (averages) the gradients here" in text)
+    edited = base.replace(line, line + " (edited)")
+    followers = 0
+    for param in LESSON_DERIVED:
+        notebook, target, base_name, text = param.values
+        if base_name == "runs/05_accelerate/train.py" and line in text.splitlines():
+            own = dict((t, body) for t, _, body in _raw_script_cells(notebook))[target]
+            assert line not in own.splitlines(), f"{notebook.name}: the cell writing {target} repeats the base's line"
+            written = splice(edited, own, name=target)
+            check_lineage(edited, written, name=target)
+            assert line + " (edited)" in written.splitlines(), target
+            followers += 1
+    assert followers >= 2, f"only {followers} lesson scripts keep lesson 05's backward() line"
+
+
 def _plain_command(text: str) -> list[str] | None:
     for line in text.splitlines():
         if line.strip().startswith("python "):

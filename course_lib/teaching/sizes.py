@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .exercises import ROOT
-from ..scripts import LESSON_GLOB
+from ..scripts import BEGIN, END, LESSON_GLOB, cell_tokens, parse_magic_line, script_source
 
 HIDDEN_TAGS = {"hide-input", "remove-input", "remove-cell", "hide-cell"}
 WORDS_BAR, CODE_BAR = 2500, 400
@@ -41,36 +41,49 @@ def _hidden(cell) -> bool:
     return bool(meta.get("jupyter", {}).get("source_hidden") or HIDDEN_TAGS & set(meta.get("tags", [])))
 
 
-def _outside_regions(lines: list[str]) -> tuple[int, int]:
+def _outside_regions(source: str, written: dict[str, str] | None = None) -> tuple[int, int]:
     """(anchor lines, repeated-base lines) of a ``%%write_script ... --base`` cell; (0, 0) for any other cell.
 
-    Outside its regions a derived cell holds ``# ...`` (the base's lines there, not stored) and base lines. A base line
-    right beside a region is its anchor: it says where the region goes, as ``splice`` finds it. Every other base
-    line is a copy of the base stored again: repeated base.
+    The cell is read against its base as ``splice`` reads it: its own regions, ``# ...`` (the base's lines there,
+    not stored) and base lines, a base's own markers included. The non-blank base lines right beside a region are
+    its anchor, which says where it goes: the base's markers there, and the first other line past them. Every other base line is a copy of the base stored again: repeated base.
     """
-    if not (lines and lines[0].startswith("%%write_script") and "--base" in lines[0]):
+    first, _, body = source.partition("\n")
+    if not (first.startswith("%%write_script") and "--base" in first):
         return 0, 0
-    kinds = []  # per line after the magic: "region" (a marker or inside one), "kept" ('# ...') or "base"
-    depth = 0
-    for line in lines[1:]:
-        stripped = line.strip()
-        if stripped.startswith("# >>>"):
-            depth += 1
-            kinds.append("region")
-        elif stripped.startswith("# <<<"):
-            depth = max(0, depth - 1)
-            kinds.append("region")
-        else:
-            kinds.append("region" if depth else "kept" if stripped == "# ..." else "base")
-    anchors = sum(1 for i, kind in enumerate(kinds) if kind == "base" and (
-        (i > 0 and kinds[i - 1] == "region") or (i + 1 < len(kinds) and kinds[i + 1] == "region")))
-    return anchors, kinds.count("base") - anchors
+    _, base = parse_magic_line(first[len("%%write_script"):])
+    base_text = (written or {}).get(base)  # a base that a cell of the same notebook writes, else the course's
+    kinds = []  # per non-blank line: "region", "kept", "marker" (one of the base's) or "base"
+    for kind, chunk in cell_tokens(script_source(base) if base_text is None else base_text, body):
+        kinds += ["kept"] if kind == "kept" else [
+            "region" if kind == "region" else "marker" if BEGIN.match(line) or END.match(line) else "base"
+            for line in chunk if line.strip()]
+    anchored = set()
+    for i, kind in enumerate(kinds):
+        if kind != "region":
+            continue
+        for step in (-1, 1):  # outwards: the base's markers, then the first other base line
+            j = i + step
+            while 0 <= j < len(kinds) and kinds[j] == "marker":
+                anchored.add(j)
+                j += step
+            if 0 <= j < len(kinds) and kinds[j] == "base":
+                anchored.add(j)
+    stored = [i for i, kind in enumerate(kinds) if kind in ("base", "marker")]
+    anchors = len(anchored)
+    return anchors, len(stored) - anchors
 
 
 def measure(path: str | Path) -> LessonSize:
     """The sizes of one notebook, read from its file (outputs play no part)."""
     cells = json.loads(Path(path).read_text())["cells"]
     words = code = asserts = repeated = anchors = 0
+    written = {}  # the scripts this notebook's own cells write whole
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        first, _, body = source.partition("\n")
+        if cell["cell_type"] == "code" and first.startswith("%%write_script") and "--base" not in first:
+            written[parse_magic_line(first[len("%%write_script"):])[0]] = body
     for cell in cells:
         source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "markdown":
@@ -79,7 +92,7 @@ def measure(path: str | Path) -> LessonSize:
         if cell["cell_type"] != "code":
             continue
         lines = [line for line in source.splitlines() if line.strip()]
-        anchored, copied = _outside_regions(lines)
+        anchored, copied = _outside_regions(source, written)
         anchors, repeated = anchors + anchored, repeated + copied
         if _hidden(cell):
             continue
