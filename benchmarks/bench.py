@@ -645,6 +645,76 @@ def adopt(reference: dict, section: str, fast: bool = True, out=None, nproc: int
     return result
 
 
+class Session:
+    """A notebook's part of the benchmark: each of its ``sections`` measured now when ``live`` names it, else read
+    from the reference run (``reference``, a bench.json path), and the machine that measured each one named.
+
+    Lesson 07's two parts use one each: ``result = session.measure("pipeline")``, ``session.where("pipeline")``.
+    ``options`` are ``run``'s keyword arguments (fast, out, nproc, repeats)."""
+
+    def __init__(self, sections, live, reference, **options):
+        unknown = set(live) - set(sections)
+        if unknown:
+            raise ValueError(f"LIVE names section(s) {sorted(unknown)} this part does not measure; "
+                             f"choose from {tuple(sections)}")
+        self.sections, self.live, self.reference_path = tuple(sections), tuple(live), reference
+        self.options = {"plot": False, **options}
+        self.reference = json.loads(Path(reference).read_text()) if set(sections) - set(live) else None
+        self.result, self.started = None, time.monotonic()
+
+    def command(self) -> str:
+        """The same run from a shell, from the notebooks/ folder."""
+        fast, repeats, out = self.options.get("fast"), self.options.get("repeats"), self.options.get("out")
+        words = ["python ../benchmarks/bench.py", "--fast" if fast else "", f"--repeats {repeats}" if repeats else "",
+                 f"--sections {','.join(self.sections)}",
+                 f"--nproc {self.options['nproc']}" if self.options.get("nproc") else "", f"--out {out}" if out else ""]
+        return " ".join(word for word in words if word)
+
+    def elapsed(self) -> float:
+        """Seconds since the session started."""
+        return time.monotonic() - self.started
+
+    def summary(self) -> str:
+        now = ", ".join(s for s in self.sections if s in self.live) or "nothing"
+        ref = ", ".join(s for s in self.sections if s not in self.live) or "nothing"
+        return f"measured now: {now} | from the reference run: {ref}"
+
+    def measure(self, section, **kwargs) -> dict:
+        """Measure ``section`` now if LIVE names it, else take it from the reference run; say which. The result
+        so far (every section of this session) comes back."""
+        if section in self.live:
+            self.result = run(**self.options, **kwargs, sections=[section], previous=self.result)
+            print(f"{section}: measured now, on this machine")
+        else:
+            self.result = adopt(self.reference, section, **self.options, previous=self.result)
+            ref = self.result["adopted"][section]
+            print(f"{section}: from the reference run {self.reference_path} ({ref['machine']['processor']}, "
+                  f"{ref['machine']['cpu_count']} CPUs, GPUs: {', '.join(ref['machine']['gpus']) or 'none'}; "
+                  f"{ref['date']}; {ref['note']}{'; the machine was BUSY' if ref['busy'] else ''}). "
+                  f"Put {section!r} in LIVE to measure it here.")
+        return self.result
+
+    def where(self, section) -> str:
+        """The machine that measured ``section``: this one, or the reference run's, named."""
+        ref = (self.result or {}).get("adopted", {}).get(section)
+        if ref is None:
+            return "this machine"
+        machine = ref["machine"]
+        return f"the reference run's machine ({machine['processor']}, {machine['cpu_count']} CPUs), not this one"
+
+
+def ratio(spread: dict) -> str:
+    """A ratio as its median and range: ``1.23x (1.10-1.31)``."""
+    return f"{spread['median']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f})"
+
+
+def verdict(spread: dict, above: str = "faster", below: str = "slower") -> str:
+    """'a tie' when the range crosses 1 or the median is within 5 % of it; else which way the ratio went."""
+    if spread["min"] <= 1 <= spread["max"] or abs(spread["median"] - 1) < 0.05:
+        return "a tie"
+    return above if spread["median"] > 1 else below
+
+
 def _write(result: dict, out: Path, plot: bool) -> None:
     """``bench.json`` into ``out``, and ``bench.png`` when ``plot`` (a notebook draws its own plots)."""
     out.mkdir(parents=True, exist_ok=True)
