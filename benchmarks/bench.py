@@ -19,7 +19,7 @@ lesson 07's ``runs/07_performance/train.py`` (lesson 02's train.py plus marked r
 4. mixed precision: bf16 autocast vs fp32 on this device (lesson 07's --mixed-precision).
 5. launch overhead: course_lib.torchrun vs the same torchrun command run from a shell (lesson 01's hello.py), and
    a cell on lesson 01's pool of ranks (course_lib.start_ranks) vs that launch.
-6. inside DDP: lesson 08's step-time comparison on a pool of ranks, with the lesson's own cells (no communication,
+6. inside DDP: lesson 08's step-time comparison on a pool of ranks, with the lesson's own modules (no communication,
    naive, flat, bucketed and PyTorch's DDP on its MLP, in rounds), then a bucket-size sweep of its BucketedDDP and
    PyTorch's DDP at 3, 2 and 1 buckets.
 
@@ -53,7 +53,6 @@ sys.path.insert(0, str(ROOT))  # course_lib from this checkout when run from a s
 
 import course_lib  # noqa: E402
 from course_lib.scripts import LineageError, script_source  # noqa: E402
-from course_lib.teaching.notebooks import px_cells  # noqa: E402
 
 SECTIONS = ("pipeline", "scaling", "abstraction", "mixed_precision", "launch", "inside_ddp")
 MODELS = ("mymodel", "resnet18")  # the scaling and mixed-precision sections measure each
@@ -68,9 +67,11 @@ SCRIPTS = {
     "train_naive": "runs/08_inside_ddp/train_naive.py",
     "train_flat": "runs/08_inside_ddp/train_flat.py",
     "train_bucketed": "runs/08_inside_ddp/train_bucketed.py",
+    "checks": "runs/08_inside_ddp/checks.py",
+    "timing": "runs/08_inside_ddp/timing.py",
 }
-#: Lesson 08's %%px cells the inside-DDP section runs on the pool: its models and wrappers, then its timing helpers.
-INSIDE_DDP_CELLS = ("l08-defs", "l08-timing-defs")
+#: Lesson 08's modules the inside-DDP section imports on the pool: its wrappers and models, then its timing helpers.
+INSIDE_DDP_MODULES = ("runs/08_inside_ddp/checks.py", "runs/08_inside_ddp/timing.py")
 #: Bucket caps of the sweep, in MB: lesson 08's 7.5 MB MLP in 3, 2 and 1 buckets.
 SWEEP_CAPS = (0.01, 1.0, 25.0)
 
@@ -526,22 +527,18 @@ def measure_pool(nproc: int, launch_s: float, cells: int = 20) -> dict:
 
 
 def measure_inside_ddp(folder: Path, fast: bool, repeats: int | None = None, nproc: int = 2) -> dict:
-    """Lesson 08's versions side by side on a pool of ranks, with the lesson's own cells, then a bucket-size sweep.
+    """Lesson 08's versions side by side on a pool of ranks, with the lesson's own modules, then a bucket-size sweep.
 
     Each round times every version (then every cap) in turn, so a change in the machine's load hits them all; a
     step lasts as long as its slower rank. Figures are medians over all timed steps, with the range of the rounds'
     medians. ``repeats``: the rounds (default 3 fast, 5 otherwise).
     """
     steps, rounds = 10 if fast else 30, repeats or (3 if fast else 5)
-    try:
-        cells = px_cells(sorted((ROOT / "notebooks").glob("08*_*.ipynb")), INSIDE_DDP_CELLS)
-    except ValueError as err:
-        raise SystemExit(f"{err}; bench.py runs it. Restore the cell or update INSIDE_DDP_CELLS in benchmarks/bench.py.") from err
     pool = course_lib.start_ranks(nproc, quiet=True)
     try:
-        pool.run(f"import os; os.chdir({str(folder / 'notebooks')!r})")  # where the lesson's scripts were written
-        for code in cells.values():
-            pool.run(code)
+        modules = str(folder / "notebooks" / "runs" / "08_inside_ddp")  # where lesson_scripts() wrote them
+        pool.run(f"import sys; sys.path.insert(0, {modules!r})")
+        pool.run("from checks import BucketedDDP\nfrom timing import VARIANTS, big_mlp, step_seconds")
         pool.push(STEPS=steps, ROUNDS=rounds, CAPS=list(SWEEP_CAPS))
         pool.run("""
 bench_versions = {name: [] for name in VARIANTS}  # one list of step times per round
@@ -580,7 +577,7 @@ bench_order = list(VARIANTS)
         log(f"  bucket_cap_mb {cap}: {n} bucket(s); ours {sweep['bucketed'][str(cap)]['step_ms']:.1f} ms, "
             f"PyTorch's {sweep['torch DDP'][str(cap)]['step_ms']:.1f} ms")
     return {"nproc": nproc, "backend": backend, "steps": steps, "rounds": rounds, "bucket_cap_mb": 1.0,
-            "cells": list(INSIDE_DDP_CELLS), "versions": versions, "sweep": sweep,
+            "modules": list(INSIDE_DDP_MODULES), "versions": versions, "sweep": sweep,
             "ratio": versions["bucketed"]["vs_torch_ddp"]}
 
 

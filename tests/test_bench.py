@@ -200,7 +200,7 @@ def test_a_section_measured_after_being_adopted_is_no_longer_marked_adopted(monk
 
 def test_the_inside_ddp_section_times_lesson_08s_versions_and_sweeps_3_2_and_1_buckets(fast_run):
     section = fast_run[1]["inside_ddp"]
-    assert section["cells"] == list(bench.INSIDE_DDP_CELLS) and section["backend"] == "gloo"
+    assert section["modules"] == list(bench.INSIDE_DDP_MODULES) and section["backend"] == "gloo"
     assert list(section["versions"]) == ["no communication", "naive", "flat", "bucketed", "torch DDP"]
     assert section["versions"]["torch DDP"]["vs_torch_ddp"] == pytest.approx(1.0)
     assert section["ratio"] == section["versions"]["bucketed"]["vs_torch_ddp"] > 0

@@ -1,6 +1,6 @@
 """Lesson 08's hand-written DDPs, checked as unit tests: the lesson's own check cells, from its three parts
 (notebooks/08a_..., 08b_..., 08c_...), run on 2 gloo processes under torchrun (not the notebooks' pool), with the
-scripts 08a's cells write."""
+scripts and the checks module (runs/08_inside_ddp/checks.py) that 08a's cells write."""
 import json
 import os
 import subprocess
@@ -15,8 +15,8 @@ from course_lib.teaching.notebooks import px_cells
 from notebook_runner import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("08*_*.ipynb"))  # the lesson's parts, searched together by cell id
-SCRIPTS = ("train_naive", "train_flat", "train_bucketed")
-CELLS = ("l08-defs", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused",
+SCRIPTS = ("train_naive", "train_flat", "train_bucketed", "checks")  # 08a writes them; the ranks import checks
+CELLS = ("l08-defs-import", "l08-run-checks", "l08-broken", "l08-buckets", "l08-unused", "l08-options-unused",
          "l08-compile-graphs", "l08-diverge-groups", "l08-diverge-barrier", "l08-diverge-detail",
          "l08-diverge-join")  # in the lesson's order, across its parts
 

@@ -33,6 +33,13 @@ CELLS = _cells()
 DERIVED = [c for c in CELLS if c.values[2] is not None]
 
 
+def test_every_script_that_wraps_a_model_and_takes_epochs_is_held_to_the_family_rule():
+    """The rule below exempts only scripts without --epochs: lesson 08's two helper modules, and nothing that trains."""
+    exempt = sorted(c.values[1] for c in CELLS if int(c.values[0].name[:2]) >= 2 and TRAINS.search(c.values[3])
+                    and '"--epochs"' not in c.values[3])
+    assert exempt == ["runs/08_inside_ddp/checks.py", "runs/08_inside_ddp/timing.py"], exempt
+
+
 def test_every_family_base_is_written_by_a_lesson():
     written = {c.values[1] for c in _cells(("notebooks",))}
     assert FAMILY_BASES <= written, f"missing family bases: {sorted(FAMILY_BASES - written)}"
@@ -46,8 +53,10 @@ def test_derived_script_is_its_base_plus_marked_regions(notebook, target, base, 
 
 @pytest.mark.parametrize("notebook,target,base,text", CELLS)
 def test_training_scripts_from_lesson_02_on_belong_to_a_family(notebook, target, base, text):
+    """A training script wraps a model (DDP, Accelerate, the Trainer, FSDP) and takes --epochs; a module of helpers
+    that a lesson's ranks import (lesson 08's checks.py and timing.py) trains nothing of its own."""
     lesson = int(notebook.name[:2])
-    if lesson < 2 or not TRAINS.search(text) or target in FAMILY_BASES:
+    if lesson < 2 or not TRAINS.search(text) or '"--epochs"' not in text or target in FAMILY_BASES:
         return
     assert base is not None, (f"{notebook.name}: {target} trains a model but is no family's base plus regions; "
                               f"write it with %%write_script {target} --base <the family base or a script derived from it>")
