@@ -4,20 +4,14 @@ record of the all_reduce measurement (part b)."""
 import json
 import shutil
 
-import nbformat
 import pytest
 
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
-EXECUTED = ROOT / "test-output" / "executed"
+from notebook_runner import executed as _executed
+
 PART_A, PART_B = "01a_process_groups_collectives", "01b_ddp_by_hand"
 CLAIMS_A, CLAIMS_B = 12, 11  # 23 for the lesson, as before it came in two parts
-
-
-def _executed(part):
-    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
 
 
 def test_lesson_01as_claims_hold_in_its_run_and_a_wrong_broadcast_is_found():

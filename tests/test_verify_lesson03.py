@@ -5,7 +5,6 @@ import pickle
 import re
 from unittest import mock
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,7 +13,8 @@ from torch.utils.data.distributed import DistributedSampler
 from course_lib import MyModel
 from course_lib.teaching.verify import ROOT, ClaimFailed, Run, verify
 
-EXECUTED = ROOT / "test-output" / "executed"
+from notebook_runner import executed as _executed
+
 
 
 def test_syncbatchnorm_is_refused_for_a_model_on_the_cpu():
@@ -88,12 +88,6 @@ def test_without_set_epoch_every_epoch_repeats_epoch_0s_order():
 
 A = "03a_pitfalls_setup_and_evaluation"
 B = "03b_pitfalls_checkpoints_and_speed"
-
-
-def _executed(part):
-    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
 
 
 def test_part_a_claims_hold_in_its_run_and_a_misprinted_single_process_count_is_found():

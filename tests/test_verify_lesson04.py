@@ -1,25 +1,11 @@
 """Lesson 04's claims hold in the runs of its two parts, and a false one is named: 04a_torchrun_restarts
 (course_lib/teaching/claims/lesson04a.py) and 04b_multinode_elastic_slurm_hangs (claims/lesson04b.py). The facts
 about the repository's Slurm script that do not depend on the run are tested in tests/test_elastic.py."""
-import nbformat
 import pytest
 
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
-EXECUTED = ROOT / "test-output" / "executed"
-
-
-def _executed(part: str):
-    """The part's notebook as tests/test_notebooks.py executed it (it runs first), or a skip."""
-    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after test_notebooks.py
-        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
-
-
-def _table(nb, cell_id: str, title: str) -> dict:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    return next(o["metadata"]["course_table"] for o in cell.outputs
-                if (o.get("metadata", {}).get("course_table", {}).get("title") or "").startswith(title))
+from notebook_runner import executed as _executed, table_in as _table
 
 
 def test_lesson_04as_claims_hold_in_its_run_and_a_restart_that_did_not_resume_at_the_snapshot_is_found():

@@ -4,7 +4,6 @@ on its run, are tested here."""
 import json
 import shutil
 
-import nbformat
 import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader
@@ -13,7 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
-EXECUTED = ROOT / "test-output" / "executed"
+from notebook_runner import executed
+
 
 
 @pytest.fixture
@@ -64,10 +64,8 @@ PARTS = {"05a": "05a_accelerate_port", "05b": "05b_accelerate_trap_and_evaluatio
 
 
 def _executed(part):
-    """A part's executed notebook, as tests/test_notebooks.py left it (it runs first), or a skip."""
-    if not (EXECUTED / f"{PARTS[part]}.ipynb").exists():  # checked when the test runs, after test_notebooks.py
-        pytest.skip(f"lesson {part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{PARTS[part]}.ipynb", as_version=4)
+    """A part's executed notebook (``part``: "05a", ...), or a skip."""
+    return executed(PARTS[part])
 
 
 def _doctored(tmp_path, run_dir, change):

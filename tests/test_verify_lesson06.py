@@ -2,23 +2,14 @@
 of its parts and a false one is named; the fact of PyTorch that the lesson's loss fix rests on is tested here."""
 import shutil
 
-import nbformat
 import pytest
 import torch
 import torch.nn.functional as F
 
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
-from notebook_runner import runs_with_one_lost_sample
+from notebook_runner import runs_with_one_lost_sample, executed as _executed
 
-EXECUTED = ROOT / "test-output" / "executed"
 HEAVY = shutil.ignore_patterns("logs", "rng_state*", "optimizer.pt", "scheduler.pt")
-
-
-def _executed(part: str):
-    """The part as tests/test_notebooks.py executed it in this run (it runs first), or a skip."""
-    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after test_notebooks.py
-        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
 
 
 def test_nll_loss_of_log_softmax_is_cross_entropy():

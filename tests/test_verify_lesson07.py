@@ -12,9 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_lib import MyModel
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
-from notebook_runner import runs_with_one_lost_sample
+from notebook_runner import runs_with_one_lost_sample, executed as _executed
 
-EXECUTED = ROOT / "test-output" / "executed"
 PART_A, PART_B = "07a_performance_scaling", "07b_performance_launch"
 CLAIMS = {PART_A: 4, PART_B: 8}
 
@@ -31,12 +30,6 @@ def test_resnet18_needs_over_100_times_mymodels_operations_per_sample():
     mymodel = per_sample(MyModel())
     resnet18 = per_sample(timm.create_model("resnet18", pretrained=False, num_classes=10, in_chans=1))
     assert resnet18 > 100 * mymodel > 0, (resnet18, mymodel)
-
-
-def _executed(part):
-    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
 
 
 def test_part_07as_claims_hold_in_its_run_and_a_negative_figure_in_its_bench_json_is_found(tmp_path):

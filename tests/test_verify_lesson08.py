@@ -2,7 +2,6 @@
 and a false one is found; 08b's traffic counter, which does not depend on the run, is checked here directly."""
 import copy
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -10,20 +9,9 @@ import torch.distributed as dist
 from course_lib.teaching.notebooks import px_cells
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
-EXECUTED = ROOT / "test-output" / "executed"
+from notebook_runner import executed as _executed, table_in as _table
+
 BUILD, OPTIONS, HANGS = "08a_build_ddp", "08b_ddp_options_hooks_compile", "08c_ddp_hangs_and_mnist"
-
-
-def _executed(stem):
-    """The part as tests/test_notebooks.py executed it (it runs first), or a skip."""
-    if not (EXECUTED / f"{stem}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip(f"{stem} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{stem}.ipynb", as_version=4)
-
-
-def _table(nb, cell_id):
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    return next(o for o in cell.outputs if "course_table" in o.get("metadata", {}))["metadata"]["course_table"]
 
 
 def test_counted_wire_counts_all_reduces_inside_and_gives_the_real_one_back(tmp_path):

@@ -3,27 +3,15 @@ three parts and a false one is found; the byte counts of 09a's section 1, which 
 here directly."""
 import copy
 
-import nbformat
 import pytest
 import torch
 
 from course_lib.teaching.notebooks import px_cells
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
-EXECUTED = ROOT / "test-output" / "executed"
+from notebook_runner import executed, table_in
+
 MEMORY, SCRIPT, LIBRARIES = "09a_sharding_memory_zero_fsdp", "09b_sharded_script_and_checkpoints", "09c_sharding_in_the_libraries"
-
-
-def executed(part):
-    """The part as tests/test_notebooks.py left it (it runs first), or a skip."""
-    if not (EXECUTED / f"{part}.ipynb").exists():  # checked when the test runs, after tests/test_notebooks.py
-        pytest.skip(f"{part} has not been executed by tests/test_notebooks.py in this run")
-    return nbformat.read(EXECUTED / f"{part}.ipynb", as_version=4)
-
-
-def table_of(nb, cell_id):
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    return next(o for o in cell.outputs if "course_table" in o.get("metadata", {}))["metadata"]["course_table"]
 
 
 def test_one_step_holds_exactly_the_formulas_bytes_of_state():
@@ -45,7 +33,7 @@ def test_09as_claims_hold_in_its_run_and_an_uneven_zero_partition_is_found():
     nb = executed(MEMORY)
     assert verify(MEMORY, nb, ROOT / "notebooks") == 14
     doctored = copy.deepcopy(nb)
-    table = table_of(doctored, "l09-zero-show")
+    table = table_in(doctored, "l09-zero-show")
     next(r for r in table["rows"] if r["optimizer"] == "ZeroRedundancyOptimizer")["largest rank / formula"] = "1.500"
     with pytest.raises(ClaimFailed, match="ZeRO-1's fullest rank holds within 10%") as failed:
         verify(MEMORY, doctored, ROOT / "notebooks")
@@ -58,7 +46,7 @@ def test_09bs_claims_hold_in_its_run_and_a_changed_shard_count_is_found():
     nb = executed(SCRIPT)
     assert verify(SCRIPT, nb, ROOT / "notebooks") == 16
     doctored = copy.deepcopy(nb)
-    table = table_of(doctored, "l09-dcp-files")
+    table = table_in(doctored, "l09-dcp-files")
     table["rows"].append({**table["rows"][-1], "file": "__2_0.distcp"})
     with pytest.raises(ClaimFailed, match="one shard file per rank") as failed:
         verify(SCRIPT, doctored, ROOT / "notebooks")
@@ -79,9 +67,9 @@ def test_09cs_claims_hold_in_its_run_and_a_lost_validation_sample_is_found():
     and Trainer runs counted 10,000 fails, and only it."""
     nb = executed(LIBRARIES)
     checked = verify(LIBRARIES, nb, ROOT / "notebooks")
-    assert checked == (6 if "gloo" in table_of(nb, "l09-accelerate-launch")["title"] else 3)
+    assert checked == (6 if "gloo" in table_in(nb, "l09-accelerate-launch")["title"] else 3)
     doctored = copy.deepcopy(nb)
-    table = table_of(doctored, "l09-accelerate-launch")
+    table = table_in(doctored, "l09-accelerate-launch")
     next(r for r in table["rows"] if r["script"].startswith("train_trainer.py"))["of 10,000"] = 9_999
     with pytest.raises(ClaimFailed, match="the Accelerate and Trainer runs counted 10,000") as failed:
         verify(LIBRARIES, doctored, ROOT / "notebooks")

@@ -2,14 +2,22 @@
 from __future__ import annotations
 
 
-def check(run) -> None:
+def recipe_runs(run, folder: str) -> tuple[list, list]:
+    """The epochs of the lesson's recipe and of the seed's, trained under ``folder`` (``runs/02_ddp``; part b trains
+    them again under ``runs/02_ddp/results``), each with its number of epochs and the whole validation set counted."""
     p = run.parameters
-    # Section 3: the lesson's recipe and the seed's, trained with the same script.
-    lesson, seed = run.events("runs/02_ddp/lesson"), run.events("runs/02_ddp/seed")
+    lesson, seed = run.events(f"{folder}/lesson"), run.events(f"{folder}/seed")
     run.claim(len(lesson) == p["EPOCHS"], f"the lesson's run logged {len(lesson)} epochs, not EPOCHS = {p['EPOCHS']}")
     run.claim(len(seed) == p["SEED_EPOCHS"], f"the seed's run logged {len(seed)} epochs, not {p['SEED_EPOCHS']}")
     run.claim(all(m["val_count"] == 10_000 for m in lesson + seed),
               "both runs counted 10,000 validation samples after every epoch")
+    return lesson, seed
+
+
+def check(run) -> None:
+    p = run.parameters
+    # Section 3: the lesson's recipe and the seed's, trained with the same script.
+    lesson, seed = recipe_runs(run, "runs/02_ddp")
     if not lesson or not seed:
         return
     run.claim(lesson[0]["val_acc"] >= 0.90, f"one epoch of cross-entropy reaches 90% (got {lesson[0]['val_acc']:.4f})")

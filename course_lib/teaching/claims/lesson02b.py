@@ -8,14 +8,12 @@ from __future__ import annotations
 import math
 import re
 
+from .lesson02a import recipe_runs
+
 
 def check(run) -> None:
     p = run.parameters
-    lesson, seed = run.events("runs/02_ddp/results/lesson"), run.events("runs/02_ddp/results/seed")
-    run.claim(len(lesson) == p["EPOCHS"], f"the lesson's run logged {len(lesson)} epochs, not EPOCHS = {p['EPOCHS']}")
-    run.claim(len(seed) == p["SEED_EPOCHS"], f"the seed's run logged {len(seed)} epochs, not {p['SEED_EPOCHS']}")
-    run.claim(all(m["val_count"] == 10_000 for m in lesson + seed),
-              "both runs counted 10,000 validation samples after every epoch")
+    lesson, seed = recipe_runs(run, "runs/02_ddp/results")
     if not lesson or not seed:
         return
 

@@ -12,12 +12,18 @@ import re
 RUN = "runs/05_accelerate"
 
 
-def check(run) -> None:
+def launch_facts(run, plan_cell: str) -> tuple[int, str, int]:
+    """(processes, the DistributedType they should report, batches per process per epoch), from the part's
+    parameters and the cell that printed its launch plan (CPU or GPUs)."""
     p = run.parameters
     nproc, batch = p["NPROC"], p["BATCH_SIZE"]
-    cpu = f"{nproc} training processes on CPU" in run.cell_text("f1aac842")
-    kind = f"DistributedType.{'MULTI_CPU' if cpu else 'MULTI_GPU'}"
-    per_process = math.ceil(math.ceil(60000 / batch) / nproc)
+    cpu = f"{nproc} training processes on CPU" in run.cell_text(plan_cell)
+    return nproc, f"DistributedType.{'MULTI_CPU' if cpu else 'MULTI_GPU'}", math.ceil(math.ceil(60000 / batch) / nproc)
+
+
+def check(run) -> None:
+    p = run.parameters
+    nproc, kind, per_process = launch_facts(run, "f1aac842")
     _seed_snippet(run)
     _launches(run, p, nproc, kind, per_process)
     _tools(run, nproc, kind)

@@ -10,15 +10,14 @@ from __future__ import annotations
 import ast
 import math
 
+from .lesson05a import launch_facts
+
 RUN = "runs/05_accelerate"
 
 
 def check(run) -> None:
     p = run.parameters
-    nproc, batch = p["NPROC"], p["BATCH_SIZE"]
-    cpu = f"{nproc} training processes on CPU" in run.cell_text("e05c1a70")
-    kind = f"DistributedType.{'MULTI_CPU' if cpu else 'MULTI_GPU'}"
-    per_process = math.ceil(math.ceil(60000 / batch) / nproc)
+    nproc, kind, per_process = launch_facts(run, "e05c1a70")
     _clipping(run)
     _precision(run, p, nproc, kind)
     _accumulation(run, p, per_process)
