@@ -80,7 +80,9 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False, base: 
         raise
     if not quiet:
         lines = text.count("\n")
-        print(f"Wrote {shown_path(path)} ({lines} lines). Run it from a shell in {shown_path(Path.cwd())} with:\n"
+        where = shown_path(Path.cwd())
+        where = f"this folder ({Path.cwd().name}/)" if where == "." else where
+        print(f"Wrote {shown_path(path)} ({lines} lines). Run it from a shell in {where} with:\n"
               f"  {launch_hint(path, text)}")
         if base is not None:
             show_diff(base_text, text, base, str(path))

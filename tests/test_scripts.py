@@ -16,7 +16,8 @@ def test_writes_file_and_creates_folders(tmp_path, capsys, monkeypatch):
     path = write_script(tmp_path / "runs" / "lesson" / "hello.py", "print('hi')")
     assert path.read_text() == "print('hi')\n"
     out = capsys.readouterr().out
-    assert "Wrote runs/lesson/hello.py (1 lines). Run it from a shell in . with:" in out and "torchrun" in out
+    assert (f"Wrote runs/lesson/hello.py (1 lines). Run it from a shell in this folder ({tmp_path.name}/) with:" in out
+            and "torchrun" in out)
 
 
 def test_printed_paths_name_no_folder_of_the_machine(tmp_path, monkeypatch):
