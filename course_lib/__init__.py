@@ -27,6 +27,7 @@ _EXPORTS = {
     "DataError": "errors", "LaunchConfigError": "errors", "LaunchError": "errors", "LaunchTimeout": "errors",
     "log_metrics": "metrics", "read_metrics": "metrics", "plot_metrics": "metrics",
     "start_ranks": "cluster.ranks", "RankPool": "cluster.ranks",
+    "time_side_by_side": "timing", "time_calls": "timing", "Timing": "timing",
 }
 
 __all__ = sorted(_EXPORTS)
