@@ -82,11 +82,23 @@ def write_script(path: str | os.PathLike, text: str, quiet: bool = False, base: 
         lines = text.count("\n")
         where = shown_path(Path.cwd())
         where = f"this folder ({Path.cwd().name}/)" if where == "." else where
-        print(f"Wrote {shown_path(path)} ({lines} lines). Run it from a shell in {where} with:\n"
-              f"  {launch_hint(path, text)}")
+        if is_module(text):
+            print(f"Wrote {shown_path(path)} ({lines} lines), a module: code that imports it puts "
+                  f"{shown_path(path.parent)}/ on sys.path, then `import {path.stem}`.")
+        else:
+            print(f"Wrote {shown_path(path)} ({lines} lines). Run it from a shell in {where} with:\n"
+                  f"  {launch_hint(path, text)}")
         if base is not None:
             show_diff(base_text, text, base, str(path))
     return path
+
+
+def is_module(text: str) -> bool:
+    """A file that declares what it exports (``__all__``) and has no ``if __name__ == "__main__":`` is a module that
+    a lesson's ranks (and its tests and the benchmark) import, not a script to run: lesson 08's checks.py and
+    timing.py."""
+    return bool(re.search(r"^__all__ = ", text, flags=re.M)) and not re.search(r"^if __name__ == .__main__.:", text,
+                                                                              flags=re.M)
 
 
 def positive_int(text: str) -> int:

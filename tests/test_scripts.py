@@ -111,3 +111,12 @@ def test_written_script_has_ordinary_file_permissions(tmp_path):
     finally:
         os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_module_is_said_to_be_imported_not_run(tmp_path, capsys, monkeypatch):
+    """A file that declares __all__ and has no __main__ (lesson 08's checks.py) is imported by the ranks: no command."""
+    monkeypatch.chdir(tmp_path)
+    write_script(tmp_path / "runs" / "m" / "helpers.py", '__all__ = ["f"]\n\n\ndef f():\n    return 1\n')
+    out = capsys.readouterr().out
+    assert "a module: code that imports it puts runs/m/ on sys.path, then `import helpers`" in out
+    assert "torchrun" not in out
