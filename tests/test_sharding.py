@@ -23,7 +23,7 @@ from notebook_runner import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "09a_sharding_memory_zero_fsdp.ipynb"
 SCRIPT = "runs/09_sharding/train_fsdp.py"
-CELLS = ("l09-memory-defs", "l09-zero", "l09-fsdp")  # in the notebook's order
+CELLS = ("l09-memory-import", "l09-zero", "l09-fsdp")  # in the notebook's order; the first imports memory.py
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
@@ -128,6 +128,8 @@ def _torchrun(folder, nproc, *args):
 def ranks(request, tmp_path_factory):
     """Each rank's results of the lesson's ZeRO and FSDP cells on 2 processes (groups of 1 and 2 ranks)."""
     folder = tmp_path_factory.mktemp(f"sharding-{request.param}")
+    (folder / "runs" / "09_sharding").mkdir(parents=True)  # the module 09a writes, where its cells import it from
+    (folder / "runs" / "09_sharding" / "memory.py").write_text(script_source("runs/09_sharding/memory.py"))
     paths = []
     for cell_id, code in px_cells(NOTEBOOK, CELLS).items():  # raises when a cell is no longer %%px
         paths.append(folder / f"{cell_id}.py")

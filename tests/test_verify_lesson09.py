@@ -4,9 +4,8 @@ here directly."""
 import copy
 
 import pytest
-import torch
 
-from course_lib.teaching.notebooks import px_cells
+from course_lib.scripts import script_source
 from course_lib.teaching.verify import ROOT, ClaimFailed, verify
 
 from notebook_runner import executed, table_in
@@ -17,8 +16,8 @@ MEMORY, SCRIPT, LIBRARIES = "09a_sharding_memory_zero_fsdp", "09b_sharded_script
 def test_one_step_holds_exactly_the_formulas_bytes_of_state():
     """09a, section 1: parameters, gradients and optimizer state of one step are 4+4+4, 4+4+8 and (bf16 with an fp32
     master copy) 2+2+12 bytes per parameter, to the byte, for both of the lesson's models."""
-    space = {"torch": torch, "device": torch.device("cpu")}
-    exec(px_cells(ROOT / "notebooks" / f"{MEMORY}.ipynb", ["l09-memory-defs"])["l09-memory-defs"], space)
+    space = {}
+    exec(script_source("runs/09_sharding/memory.py"), space)  # the module 09a writes and its ranks import
     formula = {"SGD + momentum": (4, 4, 4), "Adam": (4, 4, 8), space["MIXED"]: (2, 2, 12)}
     for model in space["MODELS"]:
         rows = [space["memory_of_one_step"](model, o) for o in space["OPTIMIZERS"]]
