@@ -481,13 +481,15 @@ def show_diff(base_text: str, derived_text: str, base_name: str = "base", name: 
     if not in_notebook():
         print(summary + "\n" + "\n".join(lines))
         return
-    from IPython.display import HTML, display
+    from IPython.display import display
 
     colours = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}
     rows = "".join(f'<div style="background:{colours.get(line[:1], "transparent")}">{html.escape(line) or " "}</div>'
                    for line in lines[2:])
-    display(HTML(f"<details open><summary><b>{html.escape(summary)}</b></summary>"
-                 f'<pre style="font-size:85%;line-height:1.25">{rows}</pre></details>'))
+    # HTML for JupyterLab and the book; the same diff as text for a text-only viewer of the saved notebook.
+    display({"text/html": f"<details open><summary><b>{html.escape(summary)}</b></summary>"
+                          f'<pre style="font-size:85%;line-height:1.25">{rows}</pre></details>',
+             "text/plain": summary + "\n" + "\n".join(lines)}, raw=True)
 
 
 def write_script_magic(line: str, cell: str) -> None:

@@ -120,3 +120,16 @@ def test_a_module_is_said_to_be_imported_not_run(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "a module: code that imports it puts runs/m/ on sys.path, then `import helpers`" in out
     assert "torchrun" not in out
+
+
+def test_the_diff_of_a_derived_script_is_saved_as_html_and_as_text(monkeypatch):
+    """In a notebook the diff is coloured HTML; its text/plain form is the diff itself, not an object's repr."""
+    shown = []
+    monkeypatch.setattr("course_lib.scripts.in_notebook", lambda: True)
+    monkeypatch.setattr("IPython.display.display", lambda data, raw=False: shown.append((data, raw)))
+    from course_lib.scripts import show_diff
+
+    show_diff("a\nb\n", "a\nB\n", "base.py", "derived.py")
+    (data, raw), = shown
+    assert raw and "<details open>" in data["text/html"]
+    assert data["text/plain"].startswith("derived.py = base.py + 1 lines, - 1 lines") and "+B" in data["text/plain"]
