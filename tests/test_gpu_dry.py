@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.scripts import script_cells
+from course_lib.scripts import script_cells, script_source
 from course_lib.scripts import LESSON_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,9 @@ LOCAL_RANK = 1  # tests/gpu_dry.py's ENV: RANK=3, LOCAL_RANK=1, WORLD_SIZE=4, LO
 #: main: main() decides and joins the group itself (stopped inside init_process_group);
 #: accelerate: setup() builds Accelerator(cpu=not use_cuda); accelerate-pitfall: Accelerator() without cpu=, by design;
 #: trainer: main() builds TrainingArguments(use_cpu=not use_cuda, ...); trainer-pitfall: without use_cpu=, by design;
-#: none: no GPU branch at all (never imported: some run at import time, e.g. die.py exits).
+#: none: no GPU branch at all (never imported: some run at import time, e.g. die.py exits);
+#: module: a module the ranks import, no device decision of its own to run: its CUDA branches are dry-run by the
+#: tests at the end of this file.
 FAMILY = {
     "runs/00_setup/hello_ranks.py": "ddp",
     "runs/00_setup_exercises/hello.py": "none",
@@ -85,11 +87,14 @@ FAMILY = {
     "runs/08_inside_ddp/train_naive.py": "ddp",
     "runs/08_inside_ddp/train_flat.py": "ddp",
     "runs/08_inside_ddp/train_bucketed.py": "ddp",
+    "runs/08_inside_ddp/checks.py": "none",
+    "runs/08_inside_ddp/timing.py": "module",
     "runs/08_inside_ddp_exercises/train_overlapped.py": "ddp",
     "runs/08_inside_ddp_exercises/train_hook.py": "ddp",
     "runs/09_sharding/train_fsdp.py": "ddp",
     "runs/09_sharding/train_accelerate.py": "accelerate",
     "runs/09_sharding/train_trainer.py": "trainer",
+    "runs/09_sharding/memory.py": "module",
     "runs/09_sharding_exercises/memory.py": "none",
     "runs/09_sharding_exercises/train_shard.py": "ddp",
 }
@@ -115,7 +120,7 @@ def collect():
 
 SCRIPTS = collect()
 DRY = [(f"{folder}/{target}", folder, notebook, target, text) for folder, notebook, target, text in SCRIPTS
-       if FAMILY.get(target, "none") != "none"]
+       if FAMILY.get(target, "none") not in ("none", "module")]
 RUN = [pytest.param(key, id=key) for key, folder, _, target, _ in DRY
        if not (folder == "exercises" and target in EXERCISE_STUBS)]
 STUBBED = [pytest.param(key, id=key) for key, folder, _, target, _ in DRY
@@ -357,3 +362,48 @@ def test_the_interactive_ranks_join_nccl_on_their_own_gpu(monkeypatch):
     exec(ranks._BOOT.format(rank=1, world=2, port=29500, backend="nccl", timeout=10), namespace)
     assert calls == [("set_device", "cuda:1"), ("init", "nccl", "cuda:1")], calls
     assert namespace["_course_rank_info"]["device"] == "cuda:1"
+
+
+# ------------------------------------------------------------------ the modules' CUDA branches, with CUDA faked
+
+
+def _import_module_of(tmp_path, folder, stems, module):
+    """Write the lesson's files that ``module`` imports into tmp_path and import it from there."""
+    import importlib
+    import sys
+
+    for stem in stems:
+        (tmp_path / f"{stem}.py").write_text(script_source(f"{folder}/{stem}.py"))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for stem in stems:
+            sys.modules.pop(stem, None)
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_lesson_08s_timing_runs_on_the_ranks_gpu_under_nccl_and_on_the_cpu_under_gloo(tmp_path, monkeypatch):
+    import torch
+
+    timing = _import_module_of(tmp_path, "runs/08_inside_ddp",
+                               ["train_naive", "train_flat", "train_bucketed", "checks", "timing"], "timing")
+    monkeypatch.setattr(timing.dist, "get_backend", lambda *a: "nccl")
+    monkeypatch.setattr(timing.torch.cuda, "current_device", lambda: LOCAL_RANK)
+    assert timing.rank_device() == torch.device("cuda", LOCAL_RANK)
+    monkeypatch.setattr(timing.dist, "get_backend", lambda *a: "gloo")
+    assert timing.rank_device() == torch.device("cpu")
+
+
+def test_lesson_09s_cuda_peak_reads_the_allocators_peak_less_what_was_there_before(tmp_path, monkeypatch):
+    import torch
+
+    memory = _import_module_of(tmp_path, "runs/09_sharding", ["memory"], "memory")
+    calls = []
+    cuda = memory.torch.cuda
+    monkeypatch.setattr(cuda, "synchronize", lambda device=None: calls.append("synchronize"))
+    monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: 1_000)
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: 51_000)
+    assert memory.cuda_peak_of_one_step("MyModel", "Adam", torch.device("cpu")) == 50_000
+    assert calls == ["synchronize", "reset", "synchronize"]
