@@ -89,6 +89,7 @@ FAMILY = {
     "runs/08_inside_ddp/train_bucketed.py": "ddp",
     "runs/08_inside_ddp/checks.py": "none",
     "runs/08_inside_ddp/timing.py": "module",
+    "runs/08_inside_ddp/wire.py": "none",
     "runs/08_inside_ddp_exercises/train_overlapped.py": "ddp",
     "runs/08_inside_ddp_exercises/train_hook.py": "ddp",
     "runs/09_sharding/train_fsdp.py": "ddp",

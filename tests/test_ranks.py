@@ -140,3 +140,22 @@ def test_a_pool_on_gpus_uses_nccl_with_a_gpu_per_rank():
         pool.run("t = torch.ones(1, device=device) * (rank + 1); dist.all_reduce(t); t = t.item()")
         assert pool.pull("t") == [3.0, 3.0]
         assert [r["device"] for r in pool.ranks] == ["cuda:0", "cuda:1"]
+
+
+def test_save_writes_every_ranks_values_whole_for_the_checks_after_the_run(tmp_path):
+    """pool.save(path, names...): one JSON file with each name's value on every rank, in rank order, written through a
+    temporary file (a reader never sees half of it)."""
+    import json
+
+    from course_lib.cluster.ranks import RankPool
+
+    class View:  # what ipyparallel's view gives pull(): one value per engine, in rank order
+        def pull(self, name, block):
+            return {"found": [1.5, 2.5], "error": [None, "spare.weight"]}[name]
+
+    pool = object.__new__(RankPool)  # the pool's state without its processes
+    pool.nproc, pool.backend, pool.view = 2, "gloo", View()
+    saved = pool.save(tmp_path / "runs" / "ranks.json", "found", "error")
+    assert json.loads(saved.read_text()) == {"nproc": 2, "backend": "gloo", "found": [1.5, 2.5],
+                                             "error": [None, "spare.weight"]}
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["ranks.json"]

@@ -215,6 +215,21 @@ class RankPool:
         """The value of ``name`` on every rank, in rank order."""
         return self.view.pull(name, block=True)
 
+    def save(self, path: str | os.PathLike, *names: str) -> Path:
+        """Write every rank's value of each of ``names`` to the JSON file ``path``: ``{"nproc", "backend", name:
+        [rank 0's, rank 1's, ...]}``. A lesson saves what its ranks found this way, so that what the notebook shows
+        only of rank 0 can still be checked on every rank after the run (course_lib.teaching.verify). Written whole
+        or not at all: a temporary file, renamed when complete."""
+        import json
+
+        values = {"nproc": self.nproc, "backend": self.backend, **{name: self.pull(name) for name in names}}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_text(json.dumps(values, indent=1))
+        partial.replace(path)
+        return path
+
     def __enter__(self):
         return self
 

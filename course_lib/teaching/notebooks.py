@@ -81,18 +81,3 @@ def execute(path, params: dict | None = None, timeout: int = 600, allow_errors: 
         "machine": machine_summary(), "load_average_at_start": load, "cpu_count": os.cpu_count()}
     return nb
 
-
-def px_cells(notebook, ids) -> dict[str, str]:
-    """The code of the ``%%px`` cells with these cell ids, without the magic line, to run on ranks elsewhere (a
-    test under torchrun, the benchmark's pool); a missing id, or a cell that is no longer ``%%px``, is an error.
-    ``notebook``: one path, or several (a lesson's parts), searched together."""
-    paths = [notebook] if isinstance(notebook, (str, os.PathLike)) else list(notebook)
-    cells = {cell.get("id"): cell.source for path in paths
-             for cell in nbformat.read(str(path), as_version=4).cells}
-    found = {}
-    for cell_id in ids:
-        if not cells.get(cell_id, "").startswith("%%px\n"):
-            names = ", ".join(os.path.basename(path) for path in paths)
-            raise ValueError(f"{names} has no %%px cell with id {cell_id!r}")
-        found[cell_id] = cells[cell_id][len("%%px\n"):]
-    return found

@@ -129,6 +129,13 @@ class Run:
 
         return read_metrics(self.folder / run_dir, event)
 
+    def ranks(self, path: str) -> dict:
+        """What every rank of a notebook's pool found, as ``pool.save(path, ...)`` left it (relative to the lesson's
+        folder): ``{"nproc", "backend", name: [rank 0's, rank 1's, ...]}``."""
+        import json
+
+        return json.loads((self.folder / path).read_text())
+
     # -- verdicts
     def claim(self, holds: bool, claim: str) -> None:
         self.checked += 1

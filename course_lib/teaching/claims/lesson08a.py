@@ -1,8 +1,8 @@
 """What lesson 08a (DDP built by hand) says about its run, checked from its artifacts (see course_lib.teaching.verify).
 
 The checks run in the pool of ranks, whose results reach the notebook as the tables it drew (rank 0's, or the worst
-over the ranks where the title says so) and the lines it printed. What only the other ranks saw is checked by
-tests/test_inside_ddp.py, which runs the same cells on 2 processes.
+over the ranks where the title says so) and the lines it printed. What every rank found is in the file the notebook's
+last cells save (``pool.save``), read here too.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def check(run) -> None:
     nproc = int(run.found(r"^(\d+) ranks vs one process", checks["title"])[0])
     _hand_written(run, checks["rows"], nproc)
     _buckets(run)
+    _every_rank(run, nproc)
 
 
 def _hand_written(run, rows, nproc) -> None:
@@ -55,3 +56,19 @@ def _buckets(run) -> None:
     run.claim(all(_sizes(r["DDP reported, rebuilt (B)"]) == o and r["buckets DDP reduced per step"] == len(o)
                   for r, o in zip(rows, ours)),
               "DDP's rebuilt buckets have our bytes, in our order, and it reduces as many per step as we send")
+
+
+def _every_rank(run, nproc) -> None:
+    ranks = run.ranks("runs/08_inside_ddp/ranks-08a.json")
+    run.claim(ranks["nproc"] == nproc == len(ranks["results"]), f"the pool's {nproc} ranks saved what they found")
+    rows = [row for results in ranks["results"] for row in results]
+    run.claim(len(rows) == 15 * nproc and all(row["max |ours - reference|"] < TOLERANCE for row in rows),
+              f"on every rank, each hand-written DDP equals one process within {TOLERANCE:g}")
+    if nproc > 1:
+        broken = ranks["broken_worst"]
+        run.claim(min(broken) > 100 * TOLERANCE, f"the check fails SumDDP on every rank (got {broken})")
+    run.claim(all("spare.weight" in (error or "") and "find_unused_parameters" in error
+                  for error in ranks["unused_error"]),
+              "every rank refuses the parameter without a gradient, not only rank 0")
+    buckets = [[report["ours"] for report in reports] for reports in ranks["bucket_report"]]
+    run.claim(all(b == buckets[0] for b in buckets), "every rank makes the same buckets, in the same order")

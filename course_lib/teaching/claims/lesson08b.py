@@ -1,6 +1,6 @@
 """What lesson 08b (PyTorch's DDP options, no_sync, hooks, torch.compile) says about its run, checked from its
 artifacts (see course_lib.teaching.verify): the tables the notebook drew from the pool of ranks and the lines it
-printed. What only the other ranks saw is checked by tests/test_inside_ddp.py.
+printed, and what every rank found, in the file the notebook's last cells save (``pool.save``).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def check(run) -> None:
     _accumulation(run, p)
     _hooks(run)
     _compile(run)
+    _every_rank(run)
 
 
 def _trace(run) -> None:
@@ -87,3 +88,20 @@ def _compile(run) -> None:
     worst, = run.found(r"Parameters after the same \d+ steps: largest difference " + SCIENTIFIC,
                     run.cell_text("l08-compile-speed-show"))
     run.claim(float(worst) < 1e-3, f"compiled and eager training give the same parameters, to rounding (got {worst})")
+
+
+def _every_rank(run) -> None:
+    ranks = run.ranks("runs/08_inside_ddp/ranks-08b.json")
+    unused = [[{k: v for k, v in case.items() if k != "names"} for case in cases] for cases in ranks["unused_report"]]
+    run.claim(len(unused) == ranks["nproc"] and all(r == unused[0] for r in unused),  # "names" names the rank itself
+              "every rank saw the same under DDP with the unused layer (the table's title says so)")
+    graphs = ranks["compile_graphs"]
+    run.claim(all(r == graphs[0] for r in graphs), "every rank's backend received the same graphs")
+    outer = {r["model"]: r["graphs"] for r in graphs[0] if r["wrapping"] == "torch.compile(DDP(model))"}
+    run.claim(outer.get("nn.Sequential") == 0 and (outer.get("own forward()") or 0) > 0,
+              f"compiling the DDP wrapper compiles nothing of an nn.Sequential, but traces an own forward() ({outer})")
+    at = {r["bucket_cap_mb"]: r for r in graphs[0] if r["wrapping"] == "DDP(torch.compile(model))" and r["optimize_ddp"]}
+    run.claim(at.get(4, {}).get("graphs") == 3, "at bucket_cap_mb=4, DDP(torch.compile(model)) gives 3 graphs")
+    small = [r for cap, r in at.items() if cap < 1]
+    run.claim(bool(small) and all(r["graphs"] is None and "First bucket" in (r["error"] or "") for r in small),
+              "below 1 MB DDPOptimizer refuses, naming its first bucket")

@@ -1,6 +1,7 @@
 """What lesson 08c (ranks that stop agreeing; BucketedDDP on MNIST) says about its run, checked from its artifacts
 (see course_lib.teaching.verify): the tables the notebook drew from the pool of ranks, and the training run's
-metrics under ``runs/08_inside_ddp/bucketed``. What only the other ranks saw is checked by tests/test_inside_ddp.py.
+metrics under ``runs/08_inside_ddp/bucketed``, and what every rank found, in the file the notebook's pool saved
+(``pool.save``).
 """
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import re
 def check(run) -> None:
     p = run.parameters
     titles = "\n".join(t.get("title") or "" for t in run.tables())  # the pool's table says how many ranks it has
-    _divergence(run, int(run.found(r"(?m)^(\d+) ranks in one process group", titles)[0]))
+    nproc = int(run.found(r"(?m)^(\d+) ranks in one process group", titles)[0])
+    _divergence(run, nproc)
+    _every_rank(run, nproc)
     _training(run, p)
 
 
@@ -52,3 +55,15 @@ def _training(run, p) -> None:
               f"BucketedDDP's run logged {p['EPOCHS']} epoch(s), each counting the 10,000 validation images")
     run.claim(bool(records) and records[-1]["val_acc"] >= 0.90,
               f"BucketedDDP reaches 90% top-1 after an epoch (got {records[-1]['val_acc'] if records else None})")
+
+
+def _every_rank(run, nproc) -> None:
+    ranks = run.ranks("runs/08_inside_ddp/ranks-08c.json")
+    barrier = ranks["barrier_cases"]
+    run.claim(len(barrier) == nproc and len(barrier[0]) == 2 and not any(barrier[1:]),
+              "only rank 0 called the barriers")
+    waited = [case["seconds"] for case in barrier[0]]
+    run.claim(all(1.5 < s < 10 for s in waited), f"each barrier gave up after about the group's 2 s timeout ({waited})")
+    joined = [cases[1] for cases in ranks["uneven_cases"]]
+    run.claim([c["steps"] for c in joined] == [5] + [4] * (nproc - 1),
+              "with Join rank 0 took its 5 steps and every other rank its 4")

@@ -39,6 +39,13 @@ def _zero_and_fsdp(run) -> None:
     largest = [float(r["largest rank / formula"]) for r in table["rows"] if r["optimizer"] != "DDP + Adam"]
     run.claim(bool(largest) and max(largest) < 1.1, f"ZeRO-1's fullest rank holds within 10% of 1/N of Adam's state "
               f"(got {max(largest, default=None)})")
+    per_rank = {r["optimizer"]: [] for r in table["rows"]}
+    for r in table["rows"]:
+        per_rank[r["optimizer"]].append((r["world size"], [float(mb) for mb in r["optimizer MB per rank (each rank)"].split(" / ")]))
+    whole = {mb for _, mbs in per_rank.pop("DDP + Adam", []) for mb in mbs}
+    added = [(n, sum(mbs)) for rows in per_rank.values() for n, mbs in rows]
+    run.claim(len(whole) == 1 and bool(added) and all(abs(total - min(whole)) <= 0.01 * n for n, total in added),
+              f"DDP + Adam keeps the whole state on every rank, and ZeRO-1's shares add up to it ({whole}, {added})")
 
     table = run.titled("FSDP2 against one process")
     grad, param = run.found(r"gradients within " + SCIENTIFIC + r", parameters within " + SCIENTIFIC, table["title"])
@@ -50,6 +57,9 @@ def _zero_and_fsdp(run) -> None:
         share = math.ceil(rows / r["world size"])
         cuts.append(local == max(0, min(share, rows - r["rank"] * share)))
     run.claim(bool(cuts) and all(cuts), "each rank holds the rows of blocks[0].linear1.weight that torch.chunk gives it")
+    held = [float(r["parameters + gradients + momentum, MB"]) / float(r["formula 12Ψ/N, MB"]) for r in table["rows"]]
+    run.claim(bool(held) and all(0.99 < h < 1.01 for h in held),
+              f"every rank holds 12Ψ/N of parameters, gradients and momentum, within 1% (got {held})")
 
 
 def _communication(run) -> None:
