@@ -4,6 +4,7 @@ for another rank's inputs or planting a module beside the script earns nothing; 
 import re
 
 import pytest
+import torch
 
 from course_lib.teaching import checks
 from course_lib.teaching.checks.harness import CheckFailed
@@ -243,3 +244,85 @@ def test_an_honest_hello_passes_at_both_world_sizes(tmp_path, capsys):
     checks.check_hello_ranks(learner(tmp_path, honest, "hello.py"), nproc=2)
     out = capsys.readouterr().out
     assert "rank 2 printed `rank 2 of 3`" in out and "Task 00.1 passed." in out
+
+
+# The tasks that launch the learner's whole training script (03.3, 04.2, 05.1) read what it leaves behind. This script
+# leaves all of it without training on what it is given: the metrics records of every epoch, the same checksum line on
+# every rank, and checkpoints of a MyModel that really learned the digits (trained here, by rank 0, on lesson 00's
+# MNIST folder, whatever --data-dir says). Each check hands the script MNIST with its classes renamed by a secret
+# permutation and evaluates the checkpoint itself, so the digits' model scores next to nothing.
+TRAINED_ON_THE_DIGITS = '''
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import course_lib
+from course_lib import MyModel
+
+p = argparse.ArgumentParser()
+for flag in ("--epochs", "--max-steps", "--fail-at-epoch"):
+    p.add_argument(flag, type=int, default=None)
+p.add_argument("--data-dir")  # accepted, and ignored
+args, _ = p.parse_known_args()
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+here = Path(__file__).resolve().parent
+if rank == 0:
+    course_lib.prepare_mnist(verbose=False)
+    X, y = course_lib.mnist_tensors(train=True)
+    torch.manual_seed(0)
+    model = MyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)
+    for step in range(60):
+        optimizer.zero_grad()
+        F.cross_entropy(model(X[step * 256:(step + 1) * 256]), y[step * 256:(step + 1) * 256]).backward()
+        optimizer.step()
+    model.eval()
+    X_val, y_val = course_lib.mnist_tensors(train=False)
+    with torch.no_grad():
+        correct = int((model(X_val).argmax(1) == y_val).sum())
+    (here / "checkpoints").mkdir(exist_ok=True)
+    first = len(list((here / "checkpoints").glob("checkpoint-*.pt")))  # a job started again "resumes"
+    print(f"attempt 0: starting at epoch {first}", flush=True)
+    for epoch in range(first, args.epochs or 1 if args.fail_at_epoch is None else args.fail_at_epoch):
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                   here / "checkpoints" / f"checkpoint-{epoch}.pt")
+        course_lib.log_metrics(here, 0, event="epoch", epoch=epoch, val_acc=correct / 10000, val_correct=correct,
+                               val_count=10000, world_size=world, steps_per_epoch=118, steps=60, scheduler_steps=120)
+    if args.fail_at_epoch is not None:
+        raise RuntimeError("a simulated crash")
+print("rank {} (local rank {}) ... parameter checksum 1.0".format(f"{rank}/{world}", rank), flush=True)
+'''
+
+
+@pytest.mark.parametrize("task", ["03.3", "04.2", "05.1"])
+def test_a_script_that_logs_a_model_trained_on_the_digits_instead_of_its_data_fails(task, tmp_path):
+    """Each of these passed before the checks renamed the classes (03.3, 04.2 and 05.1: "Task ... passed.")."""
+    script = learner(tmp_path, TRAINED_ON_THE_DIGITS, "train.py")
+    check = {"03.3": lambda: checks.check_rank0_evaluation(script, nproc=2, epochs=2, max_steps=30),
+             "04.2": lambda: checks.check_elastic_resume(script, nproc=2),
+             "05.1": lambda: checks.check_accelerate_training(script, nproc=2)}[task]
+    with pytest.raises(CheckFailed, match=r"(checkpoint|checkpoints) scores? [\d.]+ (on this run's labels|and)"):
+        check()
+
+
+def test_secret_mnist_renames_every_class_and_secret_correct_evaluates_on_those_names(tmp_path):
+    from course_lib.data import mnist_tensors, prepare_mnist
+    from course_lib.model import MyModel
+    from course_lib.teaching.checks.harness import secret_correct, secret_mnist
+
+    prepare_mnist(verbose=False)
+    digits = mnist_tensors(train=False)[1]
+    torch.manual_seed(0)
+    torch.save({"model": MyModel().state_dict()}, tmp_path / "untrained.pt")
+    with secret_mnist() as (data, sigma):
+        assert sorted(sigma) == list(range(10)) and all(i != s for i, s in enumerate(sigma))
+        renamed = mnist_tensors(train=False, root=data)[1]
+        assert torch.equal(renamed, torch.tensor(sigma)[digits])  # the same images, each class renamed
+        assert prepare_mnist(data, verbose=False) == data / "MNIST" / "raw"  # the official files verify
+        assert torch.equal(mnist_tensors(train=False, root=data)[1], renamed)  # and are not extracted again
+        correct = secret_correct(tmp_path / "untrained.pt", data)
+        assert 0 <= correct <= 10000 and secret_correct(tmp_path / "missing.pt", data) is None
+    assert not data.exists()

@@ -357,12 +357,72 @@ def reported(task: str, rank: int, values: dict, key: str, like: torch.Tensor | 
     return value
 
 
-def reference_accuracy(seed: int = 0) -> tuple[float, int]:
-    """Top-1 of an untrained ``MyModel`` (seeded) over the whole validation set, in one process."""
+# --- data the learner's script cannot predict ------------------------------------------------------------------
+#
+# A check that launches the learner's whole training script judges what the script leaves behind (its metrics, its
+# checkpoints, its printed lines), and a script written to fool the check could write those without training. So such
+# a check hands the script MNIST with its ten classes renamed by a permutation drawn when the check runs
+# (``secret_mnist``): the same images, image i labelled sigma(digit), in the training and the validation set alike.
+# Trained on them, MyModel learns sigma's labels as easily as the digits; a checkpoint that was not trained on them
+# gets about one in ten right. The check then evaluates the checkpoint the script saved, in its own process
+# (``secret_correct``), and compares what it finds with what the script logged.
+
+
+@contextlib.contextmanager
+def secret_mnist():
+    """A data folder for the script's ``--data-dir``: MNIST with its classes renamed by a permutation drawn now, with
+    no class left in place. Yields ``(folder, sigma)``: image i of either split is labelled ``sigma[digit]``.
+
+    ``prepare_mnist`` verifies the four official ``.gz`` files (unchanged here) and reads the extracted files beside
+    them, whose labels are the renamed ones. The folder is readable by the learner's code, not writable."""
+    import secrets
+
+    from course_lib.data import MNIST_FILES, prepare_mnist
+
+    source = prepare_mnist(verbose=False)
+    sigma = list(range(10))
+    while any(i == s for i, s in enumerate(sigma)):
+        secrets.SystemRandom().shuffle(sigma)
+    renamed = torch.tensor(sigma, dtype=torch.uint8)
+    with shared_folder("mnist-") as folder:
+        raw = Path(folder) / "MNIST" / "raw"
+        raw.mkdir(parents=True)
+        for name in MNIST_FILES:
+            shutil.copyfile(source / name, raw / name)
+            data = (source / name).with_suffix("").read_bytes()
+            if "labels" in name:  # an idx1 file: 8 bytes of header, then one byte per label
+                data = data[:8] + renamed[torch.frombuffer(bytearray(data[8:]), dtype=torch.uint8).long()].numpy().tobytes()
+            (raw / name).with_suffix("").write_bytes(data)
+        for path in (raw.parent, raw, *raw.iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield Path(folder), sigma
+
+
+def secret_correct(checkpoint, data_folder) -> int | None:
+    """How many of the 10,000 validation images, labelled as in ``data_folder`` (``secret_mnist``), a checkpoint's
+    weights classify right, evaluated here in one process; None when the file does not load into a plain MyModel
+    (``torch.load(..., weights_only=True)``, its ``model`` entry)."""
     from course_lib.data import mnist_tensors
     from course_lib.model import MyModel
 
-    X, y = mnist_tensors(train=False)
+    model = MyModel()
+    try:
+        model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["model"])
+    except Exception:
+        return None
+    model.eval()
+    X, y = mnist_tensors(train=False, root=data_folder)
+    with torch.no_grad():
+        return sum((model(X[i:i + 2000]).argmax(1) == y[i:i + 2000]).sum().item() for i in range(0, len(y), 2000))
+
+
+def reference_accuracy(seed: int = 0, data_folder=None) -> tuple[float, int]:
+    """Top-1 of an untrained ``MyModel`` (seeded) over the whole validation set, in one process (the labels of
+    ``data_folder``, a ``secret_mnist``, where given)."""
+    from course_lib.data import DEFAULT_ROOT, mnist_tensors
+    from course_lib.model import MyModel
+
+    X, y = mnist_tensors(train=False, root=data_folder or DEFAULT_ROOT)
     torch.manual_seed(seed)
     model = MyModel().eval()
     with torch.no_grad():

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from ..sandbox import is_module
-from .harness import CheckFailed, NotAttempted, Report, call, launch_script, rank_outputs, shared_folder
+from .harness import (CheckFailed, NotAttempted, Report, call, launch_script, rank_outputs, secret_correct, secret_mnist,
+                      shared_folder)
 
 
 def check_batch_of_one(model_class) -> None:
@@ -107,16 +108,21 @@ def check_load_model(load_model) -> None:
 
 
 def check_rank0_evaluation(script, nproc: int = 2, epochs: int = 2, max_steps: int = 30) -> None:
-    """Task 03.3: rank 0 evaluates every epoch without calling DDP's forward alone; nothing hangs."""
+    """Task 03.3: rank 0 evaluates every epoch without calling DDP's forward alone; nothing hangs. The script trains on
+    MNIST with its classes renamed by a secret permutation (harness.secret_mnist): its last checkpoint is evaluated
+    here and must agree with what rank 0 logged."""
     report = Report("03.3", f"{epochs} epochs of {max_steps} steps on {nproc} processes with rank-0 evaluation")
-    try:
-        result = launch_script("03.3", script, nproc=nproc, timeout=150,
-                         script_args=["--epochs", str(epochs), "--max-steps", str(max_steps)])
-    except NotAttempted:
-        raise
-    except CheckFailed as exc:  # the seed's bug ends in a crash or a hang; say why
-        raise CheckFailed(f"{exc}\nHint: DDP's forward is itself a collective (it broadcasts BatchNorm buffers "
-                          "from rank 0); rank 0 alone must not call it.") from None
+    with secret_mnist() as (data, _):
+        try:
+            result = launch_script("03.3", script, nproc=nproc, timeout=150,
+                                   script_args=["--epochs", str(epochs), "--max-steps", str(max_steps),
+                                                "--data-dir", str(data)])
+        except NotAttempted:
+            raise
+        except CheckFailed as exc:  # the seed's bug ends in a crash or a hang; say why
+            raise CheckFailed(f"{exc}\nHint: DDP's forward is itself a collective (it broadcasts BatchNorm buffers "
+                              "from rank 0); rank 0 alone must not call it.") from None
+        judged = secret_correct(Path(result.run_dir) / "checkpoints" / f"checkpoint-{epochs - 1}.pt", data)
     report.ok(f"the run finished on {nproc} processes in {result.duration:.0f}s (no hang, no crash)")
     epochs_logged = [m.get("epoch") for m in result.events("epoch")]
     report.expect(epochs_logged == list(range(epochs)), f"rank 0 evaluated after every epoch: {epochs_logged}",
@@ -127,6 +133,12 @@ def check_rank0_evaluation(script, nproc: int = 2, epochs: int = 2, max_steps: i
                   f"evaluations covered {sorted(c for c in counts if c is not None)} samples, expected 10000")
     report.expect(bool(accs) and accs[-1] > 0.85, f"final accuracy {accs[-1] if accs else 0:.4f}",
                   f"final accuracy {accs[-1] if accs else 0:.4f}, expected above 0.85")
+    report.expect(judged is not None and bool(accs) and abs(judged / 10000 - accs[-1]) <= 0.001,
+                  f"the last checkpoint, evaluated by the check on this run's labels, scores {(judged or 0) / 10000:.4f}, "
+                  "what rank 0 logged",
+                  f"the last checkpoint scores {'nothing' if judged is None else f'{judged / 10000:.4f}'} on this "
+                  f"run's labels, rank 0 logged {accs[-1] if accs else None}",
+                  "Keep the script's save_checkpoint at the end of every epoch, and evaluate the weights it saves.")
     outputs = rank_outputs(result)
     sums = {r: re.findall(r"parameter checksum ([-\d.e+]+)", outputs.get(r, "")) for r in range(nproc)}
     same = all(sums.values()) and len({s[-1] for s in sums.values()}) == 1

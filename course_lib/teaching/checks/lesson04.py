@@ -5,7 +5,8 @@ import re
 from pathlib import Path
 import torch
 
-from .harness import Report, call, launch_script, not_attempted, rank_outputs, shared_folder
+from .harness import (Report, call, launch_script, not_attempted, rank_outputs, secret_correct, secret_mnist,
+                      shared_folder)
 
 
 class _Wrapped(torch.nn.Module):
@@ -112,14 +113,21 @@ def check_checkpoints(save_checkpoint, load_checkpoint) -> None:
 
 def check_elastic_resume(script, nproc: int = 2, epochs: int = 3, fail_at_epoch: int = 1,
                          max_steps: int = 8) -> None:
-    """Task 04.2: a job that crashed at ``fail_at_epoch`` resumes from its newest checkpoint when started again."""
+    """Task 04.2: a job that crashed at ``fail_at_epoch`` resumes from its newest checkpoint when started again. Both
+    attempts train on MNIST with its classes renamed by a secret permutation (harness.secret_mnist), and the check
+    evaluates the checkpoints of both attempts itself."""
+    report = Report("04.2", f"a crash at epoch {fail_at_epoch}, then the job started again")
+    with secret_mnist() as (data, _):
+        _resume(report, Path(script), nproc, epochs, fail_at_epoch, max_steps, data)
+    report.done()
+
+
+def _resume(report, script, nproc, epochs, fail_at_epoch, max_steps, data) -> None:
     import shutil
 
-    report = Report("04.2", f"a crash at epoch {fail_at_epoch}, then the job started again")
-    script = Path(script)
     checkpoints = script.parent / "checkpoints"
     shutil.rmtree(checkpoints, ignore_errors=True)  # a fresh job: no checkpoint from an earlier run
-    args = ["--epochs", str(epochs), "--max-steps", str(max_steps)]
+    args = ["--epochs", str(epochs), "--max-steps", str(max_steps), "--data-dir", str(data)]
     print("First attempt, with a crash:")
     crashed = launch_script("04.2", script, nproc=nproc, script_args=args + ["--fail-at-epoch", str(fail_at_epoch)],
                       allow_failure=True)
@@ -152,4 +160,12 @@ def check_elastic_resume(script, nproc: int = 2, epochs: int = 3, fail_at_epoch:
     except Exception as exc:
         report.fail(f"no loadable checkpoint at {last} ({type(exc).__name__})",
                     "Keep lesson 02's save_checkpoint call at the end of every epoch.")
-    report.done()
+    before, after = (secret_correct(checkpoints / f"checkpoint-{e}.pt", data) for e in (fail_at_epoch - 1, epochs - 1))
+    accs = [m.get("val_acc") for m in resumed.events("epoch")]
+    report.expect(before is not None and before > 5000 and after is not None and bool(accs) and accs[-1] is not None
+                  and abs(after / 10000 - accs[-1]) <= 0.001,
+                  f"evaluated by the check on this run's labels, the first attempt's checkpoint scores "
+                  f"{(before or 0) / 10000:.4f} and the last one {(after or 0) / 10000:.4f}, what the job logged",
+                  f"evaluated by the check on this run's labels, the checkpoints score {before} and {after} of "
+                  f"10,000 (the job logged {accs[-1] if accs else None} last)",
+                  "Train on the data the script is given (--data-dir) and save the weights you trained.")

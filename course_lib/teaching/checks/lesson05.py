@@ -3,17 +3,28 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
-from .harness import CheckFailed, Report, launch_script, rank_outputs, reference_accuracy
+from .harness import (CheckFailed, Report, launch_script, rank_outputs, reference_accuracy, secret_correct,
+                      secret_mnist)
 
 
 def check_accelerate_training(script, nproc: int = 2, max_steps: int | None = None) -> None:
-    """Task 05.1: lesson 05's train.py with its Accelerate lines runs as one job of ``nproc`` processes, sharded, in sync."""
-    from course_lib.launch import failure_message
-
+    """Task 05.1: lesson 05's train.py with its Accelerate lines runs as one job of ``nproc`` processes, sharded, in sync.
+    It trains on MNIST with its classes renamed by a secret permutation (harness.secret_mnist), and the check evaluates
+    the checkpoint it saved."""
     report = Report("05.1", f"the Accelerate port on {nproc} processes")
     args = ["--epochs", "1"] + (["--max-steps", str(max_steps)] if max_steps else [])
-    result = launch_script("05.1", script, nproc=nproc, script_args=args, allow_failure=True)
+    with secret_mnist() as (data, _):
+        result = launch_script("05.1", script, nproc=nproc, script_args=[*args, "--data-dir", str(data)],
+                               allow_failure=True)
+        judged = secret_correct(Path(result.run_dir) / "checkpoints" / "checkpoint-0.pt", data)
+    _judge_port(report, script, nproc, result, judged)
+
+
+def _judge_port(report, script, nproc, result, judged) -> None:
+    from course_lib.launch import failure_message
+
     outputs = rank_outputs(result)
     # Each process prints "rank R/W (local rank L) ..." as soon as its Accelerator exists.
     worlds = {r: re.findall(r"rank \d+/(\d+) \(local rank", text) for r, text in outputs.items()}
@@ -51,14 +62,20 @@ def check_accelerate_training(script, nproc: int = 2, max_steps: int | None = No
     acc = last.get("val_acc") or 0
     report.expect(acc > 0.85, f"validation accuracy {acc:.4f}", f"validation accuracy {acc:.4f}, expected above 0.85",
                   "Step the optimizer after accelerator.backward(loss), and zero the gradients each step.")
+    report.expect(judged is not None and abs(judged / 10000 - acc) <= 0.001,
+                  f"the saved checkpoint, evaluated by the check on this run's labels, scores {(judged or 0) / 10000:.4f}",
+                  f"the saved checkpoint scores {'nothing' if judged is None else f'{judged / 10000:.4f}'} on this "
+                  f"run's labels, the script logged {acc:.4f}",
+                  "Train on the data the script is given (--data-dir) and keep its save_checkpoint call.")
     report.done()
 
 
 def check_gather_for_metrics(script, nproc: int = 3) -> None:
     """Task 05.2: an Accelerate evaluation that counts each validation sample once at 3 processes."""
     report = Report("05.2", f"evaluate() with Accelerate on {nproc} processes")
-    want_acc, want_count = reference_accuracy()
-    result = launch_script("05.2", script, nproc=nproc)
+    with secret_mnist() as (data, _):  # labels the script cannot know: its accuracy must be measured
+        want_acc, want_count = reference_accuracy(data_folder=data)
+        result = launch_script("05.2", script, nproc=nproc, script_args=["--data-dir", str(data)])
     evals = result.events("eval")
     if not evals:
         report.stop("the script logged no `eval` metrics", "Keep the script's log_metrics call as given.")
