@@ -246,7 +246,7 @@ def test_an_honest_hello_passes_at_both_world_sizes(tmp_path, capsys):
     assert "rank 2 printed `rank 2 of 3`" in out and "Task 00.1 passed." in out
 
 
-# The tasks that launch the learner's whole training script (03.3, 04.2, 05.1) read what it leaves behind. This script
+# The tasks that launch the learner's whole training script (03.3, 04.2, 05.1, 06.2) read what it leaves behind. This script
 # leaves all of it without training on what it is given: the metrics records of every epoch, the same checksum line on
 # every rank, and checkpoints of a MyModel that really learned the digits (trained here, by rank 0, on lesson 00's
 # MNIST folder, whatever --data-dir says). Each check hands the script MNIST with its classes renamed by a secret
@@ -291,20 +291,22 @@ if rank == 0:
                    here / "checkpoints" / f"checkpoint-{epoch}.pt")
         course_lib.log_metrics(here, 0, event="epoch", epoch=epoch, val_acc=correct / 10000, val_correct=correct,
                                val_count=10000, world_size=world, steps_per_epoch=118, steps=60, scheduler_steps=120)
+    torch.save({"model": model.state_dict()}, here / "final.pt")  # where 06.2's script keeps its weights
     if args.fail_at_epoch is not None:
         raise RuntimeError("a simulated crash")
 print("rank {} (local rank {}) ... parameter checksum 1.0".format(f"{rank}/{world}", rank), flush=True)
 '''
 
 
-@pytest.mark.parametrize("task", ["03.3", "04.2", "05.1"])
+@pytest.mark.parametrize("task", ["03.3", "04.2", "05.1", "06.2"])
 def test_a_script_that_logs_a_model_trained_on_the_digits_instead_of_its_data_fails(task, tmp_path):
-    """Each of these passed before the checks renamed the classes (03.3, 04.2 and 05.1: "Task ... passed.")."""
+    """Each of these passed before the checks renamed the classes ("Task ... passed.")."""
     script = learner(tmp_path, TRAINED_ON_THE_DIGITS, "train.py")
     check = {"03.3": lambda: checks.check_rank0_evaluation(script, nproc=2, epochs=2, max_steps=30),
              "04.2": lambda: checks.check_elastic_resume(script, nproc=2),
-             "05.1": lambda: checks.check_accelerate_training(script, nproc=2)}[task]
-    with pytest.raises(CheckFailed, match=r"(checkpoint|checkpoints) scores? [\d.]+ (on this run's labels|and)"):
+             "05.1": lambda: checks.check_accelerate_training(script, nproc=2),
+             "06.2": lambda: checks.check_trainer_run(script, nproc=2)}[task]
+    with pytest.raises(CheckFailed, match=r"(checkpoint|checkpoints|weights) scores? [\d.]+ (on this run's labels|and)"):
         check()
 
 

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+
 import torch
 
-from .harness import CheckFailed, NotAttempted, Report, call, launch_script, shared_folder
+from .harness import CheckFailed, NotAttempted, Report, call, launch_script, secret_correct, secret_mnist, shared_folder
 
 
 def check_compute_loss(trainer_class) -> None:
@@ -63,16 +65,20 @@ def check_compute_loss(trainer_class) -> None:
 def check_trainer_run(script, nproc: int = 2, max_steps: int | None = None) -> None:
     """Task 06.2: the Trainer trains on ``nproc`` processes and evaluates every validation sample once.
 
-    ``max_steps``: optimizer steps per epoch (the script's ``--max-steps``); None trains the whole epoch.
+    ``max_steps``: optimizer steps per epoch (the script's ``--max-steps``); None trains the whole epoch. The run
+    trains on MNIST with its classes renamed by a secret permutation (harness.secret_mnist), and the check evaluates
+    the weights the script saves at the end (``RUN_DIR/final.pt``).
     """
     report = Report("06.2", f"Trainer on {nproc} processes")
     script_args = ["--epochs", "1"] + (["--max-steps", str(max_steps)] if max_steps else [])
-    try:
-        result = launch_script("06.2", script, nproc=nproc, script_args=script_args)
-    except CheckFailed as failed:
-        if isinstance(failed, NotAttempted) or "the Trainer sees" not in str(failed):
-            raise
-        result = None  # the script's own check of the world size stopped the run
+    with secret_mnist() as (data, _):
+        try:
+            result = launch_script("06.2", script, nproc=nproc, script_args=[*script_args, "--data-dir", str(data)])
+        except CheckFailed as failed:
+            if isinstance(failed, NotAttempted) or "the Trainer sees" not in str(failed):
+                raise
+            result = None  # the script's own check of the world size stopped the run
+        judged = None if result is None else secret_correct(Path(result.run_dir) / "final.pt", data)
     if result is None:
         report.stop(f"torchrun started {nproc} processes, but the Trainer on each saw a smaller world",
                     "Without a GPU per process the Trainer needs the CPU asked for explicitly: pass "
@@ -94,4 +100,9 @@ def check_trainer_run(script, nproc: int = 2, max_steps: int | None = None) -> N
                   "Use lesson 02's optimizer: optim=\"sgd\", learning_rate=args.lr (0.03) and "
                   "optim_args=f\"momentum={args.momentum}\"; the Trainer's default, AdamW at 5e-5, is tuned for "
                   "fine-tuning and barely moves this model (and a small MAX_STEPS trains less).")
+    report.expect(judged is not None and abs(judged / 10000 - acc) <= 0.001,
+                  f"the saved weights, evaluated by the check on this run's labels, score {(judged or 0) / 10000:.4f}",
+                  f"the saved weights score {'nothing' if judged is None else f'{judged / 10000:.4f}'} on this "
+                  f"run's labels, the Trainer logged {acc:.4f}",
+                  "Train on the data the script is given (--data-dir), and keep the script's final save.")
     report.done()
