@@ -16,3 +16,65 @@ def test_batch_gives_ten_logits_per_sample():
 def test_parameter_count_matches_the_seed_architecture():
     # conv 1->5 3x3 (45+5) + BatchNorm(5) (5+5) + conv 5->10 28x28 (39200+10)
     assert sum(p.numel() for p in MyModel().parameters()) == 50 + 10 + 39210
+
+
+# RowTransformer: the small transformer of the lessons beyond data parallelism.
+
+def test_row_transformer_reads_the_course_batches_and_a_batch_of_one():
+    from course_lib.model import RowTransformer
+
+    model = RowTransformer().eval()
+    assert model(torch.zeros(7, 1, 28, 28)).shape == (7, 10)
+    assert model(torch.zeros(1, 1, 28, 28)).shape == (1, 10)
+
+
+def _share(layer, rows=None, cols=None, bias=1.0):
+    """A Linear holding the given rows (outputs) or columns (inputs) of ``layer``'s weight."""
+    weight = layer.weight[rows] if rows is not None else layer.weight[:, cols]
+    share = torch.nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        share.weight.copy_(weight)
+        share.bias.copy_(layer.bias[rows] if rows is not None else layer.bias * bias)
+    return share
+
+
+def test_attention_and_mlp_cut_into_column_then_row_shares_add_up_to_the_whole():
+    """What tensor parallelism does by hand: q, k, v and up split by columns (whole heads on each share), out and down
+    by rows; each share runs the same module code, and the shares' outputs summed (an all-reduce) give the whole."""
+    from course_lib.model import MLP, Attention
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 28, 64)
+    attention, mlp = Attention(64, 4), MLP(64, 256)
+    for whole, names, inner, half in ((attention, ("q", "k", "v"), "out", 32), (mlp, ("up",), "down", 128)):
+        total = 0
+        for r in range(2):
+            mine = slice(r * half, (r + 1) * half)
+            share = type(whole).__new__(type(whole))
+            torch.nn.Module.__init__(share)
+            share.__dict__.update({k: v for k, v in whole.__dict__.items() if not k.startswith("_")})
+            for name in names:
+                setattr(share, name, _share(getattr(whole, name), rows=mine))
+            setattr(share, inner, _share(getattr(whole, inner), cols=mine, bias=0.5))  # each share adds half the bias
+            total = total + share(x)
+        assert torch.allclose(total, whole(x), atol=1e-5), type(whole).__name__
+
+
+def test_row_transformer_learns_mnist_in_two_hundred_steps():
+    import torch.nn.functional as F
+
+    from course_lib import mnist_tensors, prepare_mnist
+    from course_lib.model import RowTransformer
+
+    prepare_mnist(verbose=False)
+    (X, y), (X_val, y_val) = mnist_tensors(train=True), mnist_tensors(train=False)
+    torch.manual_seed(0)
+    model = RowTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(200):
+        optimizer.zero_grad()
+        F.cross_entropy(model(X[step * 128:(step + 1) * 128]), y[step * 128:(step + 1) * 128]).backward()
+        optimizer.step()
+    with torch.no_grad():
+        correct = (model.eval()(X_val[:2000]).argmax(1) == y_val[:2000]).sum().item()
+    assert correct > 0.85 * 2000, correct  # 200 batches of 128: about a third of an epoch
