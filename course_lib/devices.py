@@ -178,6 +178,7 @@ def default_plan() -> Plan:
 def environment_report() -> list[tuple[str, str]]:
     """(item, value) rows describing this machine for distributed training."""
     from .data import DEFAULT_ROOT, mnist_is_ready
+    from .display import shown_path
 
     rows = [
         ("python", platform.python_version()),
@@ -193,7 +194,7 @@ def environment_report() -> list[tuple[str, str]]:
         ("GPUs", str(gpu_count())),
         ("CPU cores (usable)", str(cpu_count())),
         ("process-group backends", ", ".join(available_backends()) or "none"),
-        ("MNIST ready", f"{mnist_is_ready()} ({DEFAULT_ROOT / 'MNIST' / 'raw'})"),
+        ("MNIST ready", f"{mnist_is_ready()} ({shown_path(DEFAULT_ROOT / 'MNIST' / 'raw')})"),
         ("default processes", str(plan.nproc)),
         ("default backend", plan.backend),
         ("why", plan.reason),

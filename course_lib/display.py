@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import html
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -39,12 +40,13 @@ def shown_path(path: str | Path) -> str:
 
 def shown_text(text: str) -> str:
     """``text`` (a rank's line, a traceback) with the folders of this machine written as ``shown_path`` writes them,
-    and the Python environment's packages as ``<site-packages>/``."""
+    the Python environment's packages as ``<site-packages>/``, and without the C++ source locations gloo puts in
+    front of its errors (``[/__w/pytorch/.../pair.cc:561] ``, a folder of the machine that built torch)."""
     for root, prefix in [(Path(_site_packages()), "<site-packages>/"), *_roots()]:
         folder = str(root)
         if len(folder) > 1:  # never "/" itself
             text = text.replace(folder.rstrip("/") + "/", prefix)
-    return text
+    return re.sub(r"\[/[^\]\s]*\.(?:cc|cpp|h):\d+\] ", "", text)
 
 
 def in_notebook() -> bool:

@@ -63,6 +63,8 @@ def test_a_ranks_traceback_names_no_folder_of_this_machine(tmp_path, monkeypatch
     packages = sysconfig.get_paths()["purelib"]
     course = Path(__file__).resolve().parent.parent
     line = (f'[rank0]: File "{tmp_path}/runs/04/train.py", line 3, in main | File "{packages}/torch/nn/x.py" | '
-            f"binary: {course}/.venv/bin/python | {Path.home()}/.cache/huggingface/config.yaml | /etc/hosts")
+            f"binary: {course}/.venv/bin/python | {Path.home()}/.cache/huggingface/config.yaml | /etc/hosts | "
+            "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed")
     assert shown_text(line) == ('[rank0]: File "runs/04/train.py", line 3, in main | File "<site-packages>/torch/nn/x.py" '
-                                "| binary: <course>/.venv/bin/python | ~/.cache/huggingface/config.yaml | /etc/hosts")
+                                "| binary: <course>/.venv/bin/python | ~/.cache/huggingface/config.yaml | /etc/hosts | "
+                                "RuntimeError: Connection closed")
