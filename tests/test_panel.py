@@ -195,3 +195,41 @@ def test_the_panel_offers_one_process_per_gpu_and_up_to_the_gpus_or_cores(monkey
     monkeypatch.setattr(panel_module, "cpu_count", lambda: cpus)
     panel = LaunchPanel(script=write("ticker.py", TICKER), nproc=None, show=False)
     assert (panel.nproc.value, panel.nproc.max) == (value, most), f"{gpus} GPUs, {cpus} cores"
+
+
+def test_in_a_notebook_the_running_epoch_is_one_display_updated_in_place_and_ends_as_its_line(tmp_path, monkeypatch):
+    """A saved notebook keeps one line per epoch: the bar of the running epoch is a display (updated in place), and
+    its last update is the epoch's line; nothing partial goes to the output stream."""
+    import IPython.display
+
+    from course_lib.ui import progress as progress_module
+
+    shown = []  # one list of texts per display: its first form, then each update
+
+    class Handle:
+        def __init__(self, texts):
+            self.texts = texts
+
+        def update(self, data, raw):
+            self.texts.append(data["text/plain"])
+
+    def display(data, raw, display_id):
+        shown.append([data["text/plain"]])
+        return Handle(shown[-1])
+
+    monkeypatch.setattr(progress_module, "in_notebook", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", display)
+    progress = EpochProgress(tmp_path, epochs=2)
+    records = [{"event": "step", "epoch": 0, "step": 1, "steps": 2},
+               {"event": "epoch", "epoch": 0, "train_loss": 0.3, "seconds": 1.0},
+               {"event": "step", "epoch": 1, "step": 1, "steps": 2},
+               {"event": "epoch", "epoch": 1, "train_loss": 0.2, "seconds": 1.0}]
+    for record in records:
+        with open(tmp_path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        progress.poll(force=True)
+    assert len(shown) == 2 and [texts[0] for texts in shown] == ["epoch 1/2 [##########..........] 1/2",
+                                                                  "epoch 2/2 [##########..........] 1/2"]
+    assert [texts[-1] for texts in shown] == ["epoch 1/2 [####################] train_loss=0.3000 (1.0s)",
+                                              "epoch 2/2 [####################] train_loss=0.2000 (1.0s)"]
+    assert not progress.partial

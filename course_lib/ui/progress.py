@@ -4,6 +4,9 @@ Defined for lesson 07. ``torchrun(..., progress=True)`` uses ``EpochProgress``: 
 ``metrics.jsonl`` while the job runs and prints a bar per epoch, filled by optional ``step`` records
 (``log_metrics(run_dir, rank, event="step", epoch=0, step=120, steps=235)``) and closed by the
 ``epoch`` record with its loss and accuracy. The rank outputs are still collected in the result.
+
+In a notebook the running epoch's bar is a display that is updated in place and ends as that epoch's line, so a
+saved notebook keeps one line per epoch, never a half-filled bar; elsewhere it is a line rewritten with ``\r``.
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..display import in_notebook
 from ..metrics import read_metrics
 
 BAR_WIDTH = 20
@@ -48,6 +52,7 @@ class EpochProgress:
         self.last_poll = 0.0
         self.start_time = time.monotonic()
         self.last_step = None
+        self.handle = None  # in a notebook: the display of the running epoch's bar
 
     def _write(self, text: str) -> None:
         stream = self.stream or sys.stdout
@@ -73,18 +78,31 @@ class EpochProgress:
         for record in epochs[self.done:]:
             seconds = record.get("seconds")
             took = f" ({seconds:.1f}s)" if isinstance(seconds, (int, float)) else ""
-            self._write(("\r" if self.partial else "") + f"{self._label(record.get('epoch', self.done))} "
-                        f"{bar(1.0)} {epoch_summary(record)}{took}\n")
-            self.partial = False
+            self._show(f"{self._label(record.get('epoch', self.done))} {bar(1.0)} {epoch_summary(record)}{took}",
+                       done=True)
             self.done += 1
         steps = [r for r in records if r.get("event") == "step" and r.get("epoch", -1) >= self.done]
         if steps and steps[-1] != self.last_step:
             step = self.last_step = steps[-1]
             total = step.get("steps") or 0
             fraction = step["step"] / total if total else 0.0
-            self._write(f"\r{self._label(step.get('epoch', self.done))} {bar(fraction)} "
-                        f"{step['step']}/{total or '?'}")
-            self.partial = True
+            self._show(f"{self._label(step.get('epoch', self.done))} {bar(fraction)} {step['step']}/{total or '?'}")
+
+    def _show(self, text: str, done: bool = False) -> None:
+        """The running epoch's line (``done``: its last form): a display updated in place in a notebook, a line
+        rewritten with ``\\r`` elsewhere."""
+        if self.stream is None and in_notebook():
+            from IPython.display import display
+
+            if self.handle is None:
+                self.handle = display({"text/plain": text}, raw=True, display_id=True)
+            else:
+                self.handle.update({"text/plain": text}, raw=True)
+            if done:
+                self.handle = None
+            return
+        self._write(("\r" if self.partial else "") + text + ("\n" if done else ""))
+        self.partial = not done
 
     def close(self, result) -> None:
         self.poll(force=True)
