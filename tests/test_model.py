@@ -1,4 +1,5 @@
-"""The seed's MyModel, with the squeeze() defect fixed."""
+"""The seed's MyModel, with the squeeze() defect fixed; and RowTransformer, the small transformer split by the lessons
+beyond data parallelism."""
 import torch
 
 from course_lib import MyModel
@@ -78,3 +79,58 @@ def test_row_transformer_learns_mnist_in_two_hundred_steps():
     with torch.no_grad():
         correct = (model.eval()(X_val[:2000]).argmax(1) == y_val[:2000]).sum().item()
     assert correct > 0.85 * 2000, correct  # 200 batches of 128: about a third of an epoch
+
+
+TP_PLAN = '''
+import json, sys
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from course_lib.model import RowTransformer
+
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+torch.manual_seed(0)
+reference = RowTransformer()
+torch.manual_seed(0)
+model = RowTransformer()
+plan = {}
+for i in range(len(model.blocks)):
+    for name, style in (("attn.q", ColwiseParallel), ("attn.k", ColwiseParallel), ("attn.v", ColwiseParallel),
+                        ("attn.out", RowwiseParallel), ("mlp.up", ColwiseParallel), ("mlp.down", RowwiseParallel)):
+        plan[f"blocks.{i}.{name}"] = style()
+parallelize_module(model, mesh, plan)
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(6, 1, 28, 28, generator=g), torch.randint(0, 10, (6,), generator=g)
+logits, expected = model(x), reference(x)
+F.cross_entropy(logits, y).backward()
+F.cross_entropy(expected, y).backward()
+grads = max((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).sub(q.grad).abs().max().item()
+            for p, q in zip(model.parameters(), reference.parameters()))
+local = tuple(model.blocks[0].attn.q.weight.to_local().shape)
+if dist.get_rank() == 0:
+    with open(sys.argv[1], "w") as f:
+        json.dump({"logits": (logits - expected).abs().max().item(), "grads": grads, "local_q": local}, f)
+dist.destroy_process_group()
+'''
+
+
+def test_pytorchs_tensor_parallel_plan_on_row_transformer_equals_one_process(tmp_path):
+    """ColwiseParallel on q, k, v and up, RowwiseParallel on out and down, on 2 gloo processes: each holds half the
+    heads, and the logits and every gradient equal the same model's in one process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "plan.py").write_text(TP_PLAN)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(tmp_path / "plan.py"), str(tmp_path / "out.json")], capture_output=True, text=True,
+                          timeout=180, env={**env, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads((tmp_path / "out.json").read_text())
+    assert found["local_q"] == [32, 64], found  # 2 of the 4 heads' rows of q on each process
+    assert found["logits"] < 1e-5 and found["grads"] < 1e-5, found
