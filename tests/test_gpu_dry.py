@@ -98,6 +98,8 @@ FAMILY = {
     "runs/09_sharding/memory.py": "module",
     "runs/09_sharding_exercises/memory.py": "none",
     "runs/09_sharding_exercises/train_shard.py": "ddp",
+    "runs/10_tensor_parallel/megatron.py": "none",
+    "runs/10_tensor_parallel/plans.py": "none",
 }
 
 #: Exercise scripts whose task is the device choice itself: the student's stub raises where the choice is made.
