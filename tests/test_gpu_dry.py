@@ -100,6 +100,8 @@ FAMILY = {
     "runs/09_sharding_exercises/train_shard.py": "ddp",
     "runs/10_tensor_parallel/megatron.py": "none",
     "runs/10_tensor_parallel/plans.py": "none",
+    "runs/10_tensor_parallel_exercises/row_parallel.py": "none",
+    "runs/10_tensor_parallel_exercises/plan.py": "none",
 }
 
 #: Exercise scripts whose task is the device choice itself: the student's stub raises where the choice is made.

@@ -19,6 +19,7 @@ from .lesson05 import check_accelerate_training, check_gather_for_metrics
 from .lesson06 import check_compute_loss, check_trainer_run
 from .lesson08 import check_counting_hook, check_overlapped_ddp
 from .lesson09 import check_bytes_per_rank, check_sharded_resume
+from .lesson10 import check_row_parallel, check_tp_plan
 
 __all__ = [
     "CheckFailed", "NotAttempted", "Report",
@@ -31,4 +32,5 @@ __all__ = [
     "check_compute_loss", "check_trainer_run",
     "check_counting_hook", "check_overlapped_ddp",
     "check_bytes_per_rank", "check_sharded_resume",
+    "check_row_parallel", "check_tp_plan",
 ]
