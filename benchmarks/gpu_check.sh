@@ -5,7 +5,8 @@
 #
 # It fails at once if CUDA does not work (COURSE_EXPECT_GPU=1), then writes into benchmarks/results/NAME/
 # (default: gpu-<count>x-<model>): the environment report, nvidia-smi, the GPU-marked tests and every notebook
-# in fast settings (tests.txt, tests.xml), and the benchmark in fast mode (bench.json, bench.png). Commit that
+# in fast settings (tests.txt, tests.xml), the benchmark in fast mode (bench.json, bench.png) and lesson 10's
+# parallelisms side by side (parallelisms.json). Commit that
 # folder with the machine named in its name. Set COURSE_MNIST_MIRROR to a folder of the four MNIST files if
 # the machine is offline.
 set -uo pipefail
@@ -29,5 +30,8 @@ $python -m pytest tests -m "gpu or notebook" -p no:cacheprovider -q --durations=
     2>&1 | tee "$out/tests.txt"
 status=${PIPESTATUS[0]}
 $python benchmarks/bench.py --fast --out "$out" 2>&1 | tee "$out/bench.txt" || status=1
+# Lesson 10's strategies side by side (DDP, FSDP2, TP, TP + SP) on as many GPUs as divide the model's 4 heads
+tp=$(( count >= 4 ? 4 : (count >= 2 ? 2 : 1) ))
+$python benchmarks/parallelisms.py --nproc "$tp" --out "$out" 2>&1 | tee "$out/parallelisms.txt" || status=1
 echo "GPU check finished with status $status; results in $out"
 exit "$status"

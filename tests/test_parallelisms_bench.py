@@ -1,0 +1,31 @@
+"""benchmarks/parallelisms.py: DDP, FSDP2, TP and TP + SP on RowTransformer timed side by side on 2 processes; the
+figures it prints are complete and consistent, and the bytes it counts are those of the formulas (lesson 10's for
+TP; 4Ψ for DDP's all-reduce)."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import parallelisms  # noqa: E402
+
+
+def test_the_strategies_are_timed_side_by_side_and_send_what_the_formulas_say(tmp_path, capsys):
+    result = parallelisms.main(["--nproc", "2", "--rounds", "2", "--steps", "1", "--batch", "16", "--out",
+                                str(tmp_path)])
+    assert json.loads((tmp_path / "parallelisms.json").read_text()) == result
+    shown = capsys.readouterr().out
+    rows = result["strategies"]
+    assert list(rows) == list(parallelisms.STRATEGIES) and all(kind in shown for kind in rows), shown
+    for r in rows.values():
+        for figure in (r["step_ms"], r["vs_ddp"]):
+            assert 0 < figure["min"] <= figure["median"] <= figure["max"], r
+    assert rows["DDP"]["vs_ddp"] == {"median": 1.0, "min": 1.0, "max": 1.0}
+    psi_bytes = rows["DDP"]["parameter bytes"]  # DDP keeps the whole model on each rank
+    assert psi_bytes == 104_394 * 4
+    activation = 16 * 28 * 64 * 4  # the whole batch's B x T x d numbers of 4 bytes
+    assert rows["TP"]["whole bytes"] == 4 * 2 * activation  # 2 + 2 all-reduces in each of the 2 blocks
+    assert rows["TP"]["sent bytes"] == 4 * 2 * 2 * (2 - 1) / 2 * activation
+    assert rows["DDP"]["whole bytes"] >= psi_bytes  # its bucket all-reduces carry every gradient (and a tiny broadcast)
+    assert rows["FSDP2"]["parameter bytes"] < psi_bytes * 0.51 and rows["TP"]["parameter bytes"] < psi_bytes
