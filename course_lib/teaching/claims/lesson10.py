@@ -65,14 +65,14 @@ def _plans(run, ranks, n, layers, activation) -> None:
     by = {r["plan"]: r for r in table["rows"]}
     per_layer, megatron, sequence = by.get("per layer", {}), by.get("Megatron's", {}), by.get("sequence parallel", {})
     formula = 4 * layers * 2 * (n - 1) / n * activation
-    run.claim(megatron.get("in the blocks, forward") == megatron.get("backward") == f"{2 * layers} all-reduce"
+    run.claim(megatron.get("in the blocks, forward") == megatron.get("in the blocks, backward") == f"{2 * layers} all-reduces"
               and _int(megatron.get("each rank sends (ring)", -1)) == round(formula),
               f"Megatron's plan sends by hand's 2 + 2 all-reduces per block, the formula's {formula:,.0f} bytes per rank")
-    run.claim(per_layer.get("backward") == f"{4 * layers} all-reduce"
+    run.claim(per_layer.get("in the blocks, backward") == f"{4 * layers} all-reduces"
               and per_layer.get("in the blocks, forward") == megatron.get("in the blocks, forward"),
               "a style on each linear layer alone sends 2 all-reduces more per block, in the backward only")
-    both = f"{2 * layers} all-gather + {2 * layers} reduce-scatter"
-    run.claim(sequence.get("in the blocks, forward") == sequence.get("backward") == both
+    both = f"{2 * layers} all-gathers + {2 * layers} reduce-scatters"
+    run.claim(sequence.get("in the blocks, forward") == sequence.get("in the blocks, backward") == both
               and _int(sequence.get("each rank sends (ring)", -1)) == round(formula)
               and _int(sequence.get("whole bytes", -1)) == 2 * _int(megatron.get("whole bytes", -1)),
               "sequence parallel turns each all-reduce into an all-gather and a reduce-scatter: twice the collectives, "
@@ -80,12 +80,18 @@ def _plans(run, ranks, n, layers, activation) -> None:
     run.claim(_int(sequence.get("outside the blocks, whole bytes", 0)) > 0
               and _int(megatron.get("outside the blocks, whole bytes", -1)) == 0,
               "only sequence parallel sends anything outside the blocks (the edges: head, loss, blocks' input)")
+    edges = run.titled("Sequence parallel outside the blocks")["rows"]
+    full = sorted((r["pass"], r["collective"]) for r in edges if _int(r["whole bytes"]) == activation)
+    run.claim(full == [("backward", "all-gather"), ("backward", "reduce-scatter")]
+              and all(_int(r["whole bytes"]) < activation / 10 for r in edges if _int(r["whole bytes"]) != activation),
+              f"outside the blocks, sequence parallel sends two messages of the activations' full size, both in the "
+              f"backward (an all-gather and a reduce-scatter), and only small ones otherwise (got {full})")
 
 
 def _memory(run, n, cut, whole) -> None:
     rows = {r["model"]: r for r in run.table("activations / one process")}
     params = {k: _int(r["parameter bytes"]) for k, r in rows.items()}
-    activations = {k: float(r["activation KB"]) for k, r in rows.items()}
+    activations = {k: _int(r["activation bytes"]) for k, r in rows.items()}
     tp = whole - cut + cut // n
     run.claim(params.get("one process") == whole and all(
         params.get(k) == tp for k in ("Megatron by hand", "per layer", "Megatron's")),
@@ -94,7 +100,7 @@ def _memory(run, n, cut, whole) -> None:
     run.claim(n == 1 or params.get("sequence parallel", whole) < tp, "sequence parallel also cuts the head by class")
     run.claim(n == 1 or activations.get("sequence parallel", 0) < activations.get("Megatron's", 0)
               < activations.get("one process", 0), f"activations kept: sequence parallel < TP < one process "
-              f"(got {activations} KB)")
+              f"(got {activations} bytes)")
 
 
 def _training(run, ranks) -> None:
