@@ -102,6 +102,7 @@ FAMILY = {
     "runs/10_tensor_parallel/plans.py": "none",
     "runs/10_tensor_parallel_exercises/row_parallel.py": "none",
     "runs/10_tensor_parallel_exercises/plan.py": "none",
+    "runs/11_pipeline_parallel/pipeline.py": "module",
 }
 
 #: Exercise scripts whose task is the device choice itself: the student's stub raises where the choice is made.
@@ -412,3 +413,15 @@ def test_lesson_09s_cuda_peak_reads_the_allocators_peak_less_what_was_there_befo
     monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: 51_000)
     assert memory.cuda_peak_of_one_step("MyModel", "Adam", torch.device("cpu")) == 50_000
     assert calls == ["synchronize", "reset", "synchronize"]
+
+
+def test_lesson_11s_actions_are_timed_once_the_gpu_has_finished_them(tmp_path, monkeypatch):
+    import torch
+
+    pipeline = _import_module_of(tmp_path, "runs/11_pipeline_parallel", ["pipeline"], "pipeline")
+    waited = []
+    monkeypatch.setattr(pipeline.torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    gpu = torch.device("cuda", LOCAL_RANK)
+    assert pipeline._now(gpu) > 0 and waited == [gpu]
+    pipeline._now(torch.device("cpu"))
+    assert waited == [gpu], "a CPU is not synchronized"
