@@ -103,6 +103,8 @@ FAMILY = {
     "runs/10_tensor_parallel_exercises/row_parallel.py": "none",
     "runs/10_tensor_parallel_exercises/plan.py": "none",
     "runs/11_pipeline_parallel/pipeline.py": "module",
+    "runs/11_pipeline_parallel_exercises/schedule.py": "none",
+    "runs/11_pipeline_parallel_exercises/bubble.py": "none",
 }
 
 #: Exercise scripts whose task is the device choice itself: the student's stub raises where the choice is made.
