@@ -8,7 +8,7 @@ rank: rounds in which each strategy takes its steps in turn, so that a change in
 round's figure is its slowest rank's. The collectives of one step, and the bytes of the whole tensors they carry, are
 counted with lesson 10's CommBytes (PyTorch's CommDebugMode, which sees c10d's collectives as well: DDP's bucket
 all-reduces, FSDP's all-gathers and reduce-scatters); "sent" is what a ring sends per rank: 2(N-1)/N of an
-all-reduce's tensor, (N-1)/N of an all-gather's or a reduce-scatter's.
+all-reduce's tensor, (N-1)/N of an all-gather's or a reduce-scatter's (lesson 10's RING and sent_bytes).
 
   python benchmarks/parallelisms.py                      # 2 processes, 5 rounds of 10 steps, batch 64
   python benchmarks/parallelisms.py --nproc 4 --out DIR  # any world size that divides the model's 4 heads
@@ -32,11 +32,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "notebooks" / "runs" / "10_tensor_parallel"
 STRATEGIES = ("DDP", "FSDP2", "TP", "TP + SP")
 MODULES = ("runs/10_tensor_parallel/megatron.py", "runs/10_tensor_parallel/plans.py")
-# What a ring sends per rank, in (N-1)/N of the whole tensor, by the names CommDebugMode gives the collectives: the
-# functional ones of DTensor (TP) and c10d's (DDP's buckets, FSDP's unit gathers and reductions). A broadcast (DDP's
-# check of its buffers before each forward) counts once.
-RING = {"all_reduce": 2, "allreduce_": 2, "all_gather_into_tensor": 1, "_allgather_base_": 1,
-        "reduce_scatter_tensor": 1, "_reduce_scatter_base_": 1, "broadcast_": 1}
 
 
 def worker(out: str, rounds: int, steps: int, batch: int) -> None:
@@ -51,7 +46,7 @@ def worker(out: str, rounds: int, steps: int, batch: int) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from course_lib import RowTransformer, time_side_by_side
-    from plans import CommBytes, parallelize  # lesson 10's module, on sys.path (see main)
+    from plans import RING, CommBytes, parallelize, sent_bytes  # lesson 10's module, on sys.path (see main)
 
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
@@ -95,7 +90,7 @@ def worker(out: str, rounds: int, steps: int, batch: int) -> None:
         unknown = sorted({op for (_, op, _) in comm.bytes} - set(RING))
         if unknown:
             raise SystemExit(f"{kind}: collectives this benchmark has no ring factor for: {unknown}")
-        sent = sum(b * RING[op] * (n - 1) / n for (_, op, _), b in comm.bytes.items())
+        sent = sum(sent_bytes(op, b, n) for (_, op, _), b in comm.bytes.items())
         whole = sum(comm.bytes.values())
         found[kind] = {"collectives": sum(comm.calls.values()), "whole bytes": whole, "sent bytes": sent,
                        "parameter bytes": sum((p.to_local() if isinstance(p, DTensor) else p).nbytes
