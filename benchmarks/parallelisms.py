@@ -1,17 +1,26 @@
-"""Data parallel, FSDP2, tensor parallel and tensor + sequence parallel on the same model, side by side: the time of a
-training step, the bytes each rank sends in it, and the parameter bytes each rank holds.
+"""Data parallel, FSDP2, tensor parallel, tensor + sequence parallel and pipeline parallel on the same model, side by
+side: the time of a training step, the bytes each rank sends in it, and the parameter bytes each rank holds.
 
 The model is the course's RowTransformer (lessons 10 on), the global batch the same for every strategy: DDP and FSDP2
 give each rank batch/N samples, tensor parallel gives every rank the whole batch and a share of every layer (lesson
-10's plans, imported from the module its notebook writes). Steps are timed with course_lib.time_side_by_side on every
-rank: rounds in which each strategy takes its steps in turn, so that a change in the machine's load hits them all; a
-round's figure is its slowest rank's. The collectives of one step, and the bytes of the whole tensors they carry, are
-counted with lesson 10's CommBytes (PyTorch's CommDebugMode, which sees c10d's collectives as well: DDP's bucket
-all-reduces, FSDP's all-gathers and reduce-scatters); "sent" is what a ring sends per rank: 2(N-1)/N of an
-all-reduce's tensor, (N-1)/N of an all-gather's or a reduce-scatter's (lesson 10's RING and sent_bytes).
+10's plans, imported from the module its notebook writes), pipeline parallel gives each rank a stage of the model (a
+block; the embedding on the first, the norm and head on the last: lesson 11's Stage, from its module) and runs the
+whole batch through them in 4 micro-batches with PyTorch's PipelineStage and Schedule1F1B. Steps are timed with
+course_lib.time_side_by_side on every rank: rounds in which each strategy takes its steps in turn, so that a change in
+the machine's load hits them all; a round's figure is its slowest rank's. The collectives of one step, and the bytes
+of the whole tensors they carry, are counted with lesson 10's CommBytes (PyTorch's CommDebugMode, which sees c10d's
+collectives as well: DDP's bucket all-reduces, FSDP's all-gathers and reduce-scatters); "sent" is what a ring sends
+per rank: 2(N-1)/N of an all-reduce's tensor, (N-1)/N of an all-gather's or a reduce-scatter's (lesson 10's RING and
+sent_bytes).
+
+CommDebugMode does not see point-to-point sends, so pipeline parallel's bytes are computed, not counted: each
+micro-batch's activations (micro-batch x 28 tokens x 64 dims x 4 bytes) cross each of the N-1 boundaries forward and
+their gradient backward, 2(N-1) x batch x 28 x 64 x 4 bytes a step; "sent" is that over N (at 2 stages, the first
+sends the activations, the last the gradients). Its parameter bytes are rank 0's stage's (the larger; every rank's
+are in the json). The model's 2 blocks make at most 2 stages: with --nproc 4 there is no PP row.
 
   python benchmarks/parallelisms.py                      # 2 processes, 5 rounds of 10 steps, batch 64
-  python benchmarks/parallelisms.py --nproc 4 --out DIR  # any world size that divides the model's 4 heads
+  python benchmarks/parallelisms.py --nproc 4 --out DIR  # any world size that divides the model's 4 heads (no PP)
   python benchmarks/parallelisms.py --fast               # 3 rounds of 3 steps (the tests)
 
 Writes parallelisms.json into --out (default notebooks/runs/10_tensor_parallel/) and prints a table. On GPUs (one
@@ -30,8 +39,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "notebooks" / "runs" / "10_tensor_parallel"
-STRATEGIES = ("DDP", "FSDP2", "TP", "TP + SP")
-MODULES = ("runs/10_tensor_parallel/megatron.py", "runs/10_tensor_parallel/plans.py")
+STRATEGIES = ("DDP", "FSDP2", "TP", "TP + SP", "PP")
+MODULES = ("runs/10_tensor_parallel/megatron.py", "runs/10_tensor_parallel/plans.py",
+           "runs/11_pipeline_parallel/pipeline.py")
+LAYERS = 2  # RowTransformer's default: PP runs where they cut into one stage per process
+MICRO = 4  # PP's micro-batches per step
+PP_BYTES = "computed from the activation shapes, not counted (CommDebugMode does not see send/recv)"
+
+
+def pp_bytes(nproc: int, batch: int, tokens: int = 28, dim: int = 64, itemsize: int = 4) -> int:
+    """The bytes pipeline parallel's stages send each other in a step: every micro-batch's activations forward and
+    their gradient backward, across each of the nproc - 1 boundaries."""
+    return 2 * (nproc - 1) * MICRO * (batch // MICRO) * tokens * dim * itemsize
 
 
 def worker(out: str, rounds: int, steps: int, batch: int) -> None:
@@ -41,12 +60,14 @@ def worker(out: str, rounds: int, steps: int, batch: int) -> None:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from course_lib import RowTransformer, time_side_by_side
-    from plans import RING, CommBytes, parallelize, sent_bytes  # lesson 10's module, on sys.path (see main)
+    from pipeline import Stage  # lesson 11's module, on sys.path (see main)
+    from plans import RING, CommBytes, parallelize, sent_bytes  # lesson 10's
 
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
@@ -62,7 +83,23 @@ def worker(out: str, rounds: int, steps: int, batch: int) -> None:
 
     def build(kind):
         torch.manual_seed(0)
-        model = RowTransformer().to(device)
+        model = RowTransformer(layers=LAYERS).to(device)
+        if kind == "PP":  # this rank's stage; the first reads the whole batch, the last the labels
+            part = Stage(model, rank, n)
+            schedule = Schedule1F1B(PipelineStage(part, rank, n, device), n_microbatches=MICRO,
+                                    loss_fn=F.cross_entropy)
+            optimizer = torch.optim.SGD(part.parameters(), lr=0.01)
+
+            def pipeline_step():
+                optimizer.zero_grad()
+                if part.first and part.last:  # one process: one stage
+                    schedule.step(images, target=labels)
+                elif part.first:
+                    schedule.step(images)
+                else:  # the last of 2 stages (the model's 2 blocks make no more)
+                    schedule.step(target=labels)
+                optimizer.step()
+            return part, pipeline_step
         data = (images[mine], labels[mine])  # data parallel: this rank's samples
         if kind == "DDP":
             model = DDP(model)
@@ -81,27 +118,37 @@ def worker(out: str, rounds: int, steps: int, batch: int) -> None:
             optimizer.step()
         return model, step
 
-    built = {kind: build(kind) for kind in STRATEGIES}
+    built = {kind: build(kind) for kind in STRATEGIES if kind != "PP" or LAYERS % n == 0}
     found = {}
     for kind, (model, step) in built.items():
-        step()  # FSDP and DDP set themselves up in their first step
+        step()  # FSDP and DDP set themselves up in their first step, the pipeline's stages learn their shapes
         with CommBytes() as comm:
             step()
         unknown = sorted({op for (_, op, _) in comm.bytes} - set(RING))
         if unknown:
             raise SystemExit(f"{kind}: collectives this benchmark has no ring factor for: {unknown}")
-        sent = sum(sent_bytes(op, b, n) for (_, op, _), b in comm.bytes.items())
-        whole = sum(comm.bytes.values())
-        found[kind] = {"collectives": sum(comm.calls.values()), "whole bytes": whole, "sent bytes": sent,
+        found[kind] = {"collectives": sum(comm.calls.values()), "whole bytes": sum(comm.bytes.values()),
+                       "sent bytes": sum(sent_bytes(op, b, n) for (_, op, _), b in comm.bytes.items()),
+                       "bytes": "counted by CommDebugMode",
                        "parameter bytes": sum((p.to_local() if isinstance(p, DTensor) else p).nbytes
                                               for p in model.parameters())}
+        if kind == "PP":  # send/recv only, which CommDebugMode does not see: the bytes from the activations' shapes
+            if comm.calls:
+                raise SystemExit(f"PP: CommDebugMode now sees {dict(comm.calls)}: count its bytes, do not compute them")
+            whole = pp_bytes(n, batch, tokens=images.shape[-2], dim=model.width, itemsize=images.element_size())
+            found[kind].update({"collectives": f"{2 * (n - 1) * MICRO} send/recv", "whole bytes": whole,
+                                "sent bytes": whole / n, "bytes": PP_BYTES})
+    mine_params = {kind: found[kind]["parameter bytes"] for kind in found}
     timings = time_side_by_side({kind: step for kind, (_, step) in built.items()}, rounds=rounds, calls=steps,
                                 warmup=1)
     everyone = [None] * n
-    dist.all_gather_object(everyone, {kind: t.seconds for kind, t in timings.items()})
+    dist.all_gather_object(everyone, {"seconds": {kind: t.seconds for kind, t in timings.items()},
+                                      "parameter bytes": mine_params})
     if rank == 0:
-        for kind in STRATEGIES:  # a round lasts as long as its slowest rank
-            found[kind]["round ms"] = [1000 * max(r[kind][i] for r in everyone) for i in range(rounds)]
+        for kind in found:  # a round lasts as long as its slowest rank
+            found[kind]["round ms"] = [1000 * max(r["seconds"][kind][i] for r in everyone) for i in range(rounds)]
+        if "PP" in found:  # each stage holds its own parameters
+            found["PP"]["parameter bytes by rank"] = [r["parameter bytes"]["PP"] for r in everyone]
         Path(out).write_text(json.dumps({"nproc": n, "backend": dist.get_backend(), "found": found}))
     dist.destroy_process_group()
 
@@ -109,14 +156,17 @@ def worker(out: str, rounds: int, steps: int, batch: int) -> None:
 def summarize(raw: dict, rounds: int, steps: int, batch: int) -> dict:
     found, ddp = raw["found"], raw["found"]["DDP"]["round ms"]
     rows = {}
-    for kind in STRATEGIES:
+    for kind in found:
         ms = found[kind]["round ms"]
         ratios = [a / b for a, b in zip(ms, ddp)]  # round by round: the same load for both
         rows[kind] = {"step_ms": {"median": statistics.median(ms), "min": min(ms), "max": max(ms)},
                       "vs_ddp": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
-                      **{k: found[kind][k] for k in ("collectives", "whole bytes", "sent bytes", "parameter bytes")}}
-    return {"nproc": raw["nproc"], "backend": raw["backend"], "batch": batch,
-            "over": f"{rounds} rounds of {steps} steps each", "strategies": rows}
+                      **{k: v for k, v in found[kind].items() if k != "round ms"}}
+    result = {"nproc": raw["nproc"], "backend": raw["backend"], "batch": batch,
+              "over": f"{rounds} rounds of {steps} steps each", "strategies": rows}
+    if "PP" not in rows:
+        result["not run"] = {"PP": f"the model's {LAYERS} blocks do not cut into {raw['nproc']} stages"}
+    return result
 
 
 def run(nproc: int = 2, rounds: int = 5, steps: int = 10, batch: int = 64, out=DEFAULT_OUT) -> dict:
@@ -126,11 +176,13 @@ def run(nproc: int = 2, rounds: int = 5, steps: int = 10, batch: int = 64, out=D
     if 4 % nproc:
         raise SystemExit(f"--nproc {nproc}: tensor parallel gives each process whole heads of the model's 4; use 1, "
                          "2 or 4")
+    if batch % nproc or batch % MICRO:
+        raise SystemExit(f"--batch {batch}: data parallel cuts it into {nproc} shares and PP into {MICRO} micro-batches")
     from course_lib.devices import machine_load, machine_summary
 
     busy, load = machine_load()  # other programs' share of the CPUs, just before the launch
     with tempfile.TemporaryDirectory(prefix="parallelisms-") as tmp:
-        for module in MODULES:  # lesson 10's modules, as its notebook writes them
+        for module in MODULES:  # lessons 10's and 11's modules, as their notebooks write them
             (Path(tmp) / Path(module).name).write_text(script_source(module))
         raw_path = Path(tmp) / "raw.json"
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -158,6 +210,14 @@ def table(result: dict) -> str:
         lines.append(f"{kind:<9} {ms['median']:>8.1f} ({ms['min']:.1f}-{ms['max']:.1f}) "
                      f"{vs['median']:>8.2f}x ({vs['min']:.2f}-{vs['max']:.2f}) {r['collectives']:>12} "
                      f"{r['sent bytes'] / 1e3:>13.1f} {r['parameter bytes'] / 1e3:>15.1f}")
+    if "PP" in result["strategies"]:
+        pp = result["strategies"]["PP"]
+        lines += [f"PP: {MICRO} micro-batches (Schedule1F1B); its bytes are computed from the activation shapes, "
+                  "2(N-1) x batch x 28 x 64 x 4,",
+                  f"    not counted (CommDebugMode does not see send/recv); parameter KB by rank, each its stage's: "
+                  f"{', '.join(f'{b / 1e3:.1f}' for b in pp['parameter bytes by rank'])}."]
+    for kind, why in result.get("not run", {}).items():
+        lines.append(f"{kind}: not run: {why}.")
     return "\n".join(lines)
 
 

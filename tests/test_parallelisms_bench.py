@@ -1,6 +1,6 @@
-"""benchmarks/parallelisms.py: DDP, FSDP2, TP and TP + SP on RowTransformer timed side by side on 2 processes; the
-figures it prints are complete and consistent, and the bytes it counts are those of the formulas (lesson 10's for
-TP; 4Ψ for DDP's all-reduce)."""
+"""benchmarks/parallelisms.py: DDP, FSDP2, TP, TP + SP and PP on RowTransformer timed side by side on 2 processes;
+the figures it prints are complete and consistent, and the bytes it counts are those of the formulas (lesson 10's for
+TP; 4Ψ for DDP's all-reduce), PP's computed from its activations' shapes and said to be."""
 import json
 import sys
 from pathlib import Path
@@ -29,3 +29,13 @@ def test_the_strategies_are_timed_side_by_side_and_send_what_the_formulas_say(tm
     assert rows["TP"]["sent bytes"] == 4 * 2 * 2 * (2 - 1) / 2 * activation
     assert rows["DDP"]["whole bytes"] >= psi_bytes  # its bucket all-reduces carry every gradient (and a tiny broadcast)
     assert rows["FSDP2"]["parameter bytes"] < psi_bytes * 0.51 and rows["TP"]["parameter bytes"] < psi_bytes
+    # PP: 2 stages, 4 micro-batches of 4: each micro-batch's 4 x 28 x 64 x 4 bytes go forward and come back once
+    pp, micro = rows["PP"], 16 // 4 * 28 * 64 * 4
+    assert pp["whole bytes"] == 2 * 4 * micro == parallelisms.pp_bytes(2, 16)
+    assert pp["sent bytes"] == 4 * micro  # the first stage sends the activations, the last their gradients
+    assert pp["collectives"] == "8 send/recv" and "computed" in pp["bytes"] and "not counted" in pp["bytes"]
+    assert all(r["bytes"] == "counted by CommDebugMode" for kind, r in rows.items() if kind != "PP")
+    assert "PP: 4 micro-batches" in shown and "computed from the activation shapes" in shown, shown
+    assert "not counted (CommDebugMode does not see send/recv)" in shown, shown
+    first = 4 * (28 * 64 + 64 + 28 * 64 + 49_984)  # embedding, position, block 0
+    assert pp["parameter bytes by rank"] == [first, psi_bytes - first] and pp["parameter bytes"] == first
