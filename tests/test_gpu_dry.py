@@ -105,6 +105,7 @@ FAMILY = {
     "runs/11_pipeline_parallel/pipeline.py": "module",
     "runs/11_pipeline_parallel_exercises/schedule.py": "none",
     "runs/11_pipeline_parallel_exercises/bubble.py": "none",
+    "runs/12_device_meshes/meshes.py": "none",
 }
 
 #: Exercise scripts whose task is the device choice itself: the student's stub raises where the choice is made.
