@@ -18,7 +18,7 @@ import importlib
 _EXPORTS = {
     "prepare_mnist": "data", "mnist_tensors": "data", "mnist_datasets": "data", "mnist_is_ready": "data",
     "MIRROR_ENV": "data",
-    "MyModel": "model", "RowTransformer": "model",
+    "MyModel": "model", "RowTransformer": "model", "count_right": "model",
     "doctor": "devices", "gpu_count": "devices", "cpu_count": "devices", "available_backends": "devices",
     "default_nproc": "devices", "choose_backend": "devices", "machine_load": "devices",
     "write_script": "scripts", "write_scripts_of": "scripts", "positive_int": "scripts",

@@ -134,3 +134,15 @@ def test_pytorchs_tensor_parallel_plan_on_row_transformer_equals_one_process(tmp
     found = json.loads((tmp_path / "out.json").read_text())
     assert found["local_q"] == [32, 64], found  # 2 of the 4 heads' rows of q on each process
     assert found["logits"] < 1e-5 and found["grads"] < 1e-5, found
+
+
+def test_count_right_counts_every_image_once_whatever_the_chunk():
+    import torch
+
+    from course_lib import MyModel, count_right
+
+    torch.manual_seed(0)
+    model, images = MyModel(), torch.randn(25, 1, 28, 28)
+    labels = model(images).argmax(1)
+    labels[::3] = (labels[::3] + 1) % 10  # 9 of the 25 made wrong
+    assert count_right(model, images, labels) == count_right(model, images, labels, chunk=7) == 16
