@@ -106,6 +106,8 @@ FAMILY = {
     "runs/11_pipeline_parallel_exercises/schedule.py": "none",
     "runs/11_pipeline_parallel_exercises/bubble.py": "none",
     "runs/12_device_meshes/meshes.py": "none",
+    "runs/12_device_meshes_exercises/choose.py": "none",
+    "runs/12_device_meshes_exercises/groups.py": "none",
 }
 
 #: Exercise scripts whose task is the device choice itself: the student's stub raises where the choice is made.

@@ -21,6 +21,7 @@ from .lesson08 import check_counting_hook, check_overlapped_ddp
 from .lesson09 import check_bytes_per_rank, check_sharded_resume
 from .lesson10 import check_row_parallel, check_tp_plan
 from .lesson11 import check_bubble_fraction, check_one_f_one_b
+from .lesson12 import check_choose_mesh, check_mesh_groups
 
 __all__ = [
     "CheckFailed", "NotAttempted", "Report",
@@ -35,4 +36,5 @@ __all__ = [
     "check_bytes_per_rank", "check_sharded_resume",
     "check_row_parallel", "check_tp_plan",
     "check_one_f_one_b", "check_bubble_fraction",
+    "check_choose_mesh", "check_mesh_groups",
 ]
