@@ -1,6 +1,7 @@
 """benchmarks/parallelisms.py: DDP, FSDP2, TP, TP + SP and PP on RowTransformer timed side by side on 2 processes;
 the figures it prints are complete and consistent, and the bytes it counts are those of the formulas (lesson 10's for
-TP; 4Ψ for DDP's all-reduce), PP's computed from its activations' shapes and said to be."""
+TP; 4Ψ for DDP's all-reduce), PP's computed from its activations' shapes and said to be. On 4 processes, FSDP2 x TP on
+a 2 x 2 mesh (lesson 12's shard_2d), its collectives counted on groups of 2."""
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,9 @@ def test_the_strategies_are_timed_side_by_side_and_send_what_the_formulas_say(tm
     assert json.loads((tmp_path / "parallelisms.json").read_text()) == result
     shown = capsys.readouterr().out
     rows = result["strategies"]
-    assert list(rows) == list(parallelisms.STRATEGIES) and all(kind in shown for kind in rows), shown
+    assert list(rows) == [k for k in parallelisms.STRATEGIES if k != "FSDP2 x TP"] and all(k in shown for k in rows)
+    assert result["not run"] == {"FSDP2 x TP": "its 2 x 2 mesh (dp x tp) needs 4 processes, not 2"}
+    assert "FSDP2 x TP: not run: its 2 x 2 mesh (dp x tp) needs 4 processes, not 2." in shown, shown
     for r in rows.values():
         for figure in (r["step_ms"], r["vs_ddp"]):
             assert 0 < figure["min"] <= figure["median"] <= figure["max"], r
@@ -39,3 +42,31 @@ def test_the_strategies_are_timed_side_by_side_and_send_what_the_formulas_say(tm
     assert "not counted (CommDebugMode does not see send/recv)" in shown, shown
     first = 4 * (28 * 64 + 64 + 28 * 64 + 49_984)  # embedding, position, block 0
     assert pp["parameter bytes by rank"] == [first, psi_bytes - first] and pp["parameter bytes"] == first
+
+
+def test_fsdp2_x_tp_on_a_2_by_2_mesh_sends_on_groups_of_2(tmp_path, capsys):
+    result = parallelisms.main(["--nproc", "4", "--rounds", "1", "--steps", "1", "--batch", "16", "--out",
+                                str(tmp_path), "--name", "four.json"])
+    assert json.loads((tmp_path / "four.json").read_text()) == result
+    shown = capsys.readouterr().out
+    rows = result["strategies"]
+    assert list(rows) == ["DDP", "FSDP2", "TP", "TP + SP", "FSDP2 x TP"] and "FSDP2 x TP" in shown, shown
+    assert result["not run"] == {"PP": "the model's 2 blocks do not cut into 4 stages"} and "PP: not run" in shown
+    two_d, psi_bytes = rows["FSDP2 x TP"], 104_394 * 4
+    assert 0 < two_d["step_ms"]["min"] <= two_d["step_ms"]["max"] and two_d["bytes"] == "counted by CommDebugMode"
+    # TP's 2 + 2 all-reduces in each of the 2 blocks, inside a row of 2; FSDP's per unit (2 blocks and the root)
+    # along a column of 2: a reduce-scatter each, a gather each in the forward and again in the backward
+    calls = two_d["collectives by group size"]
+    assert calls == {"all_reduce on 2": 2 * 4, "_allgather_base_ on 2": 2 * 3, "_reduce_scatter_base_ on 2": 3}, calls
+    assert two_d["collectives"] == 17
+    sent = two_d["sent bytes by collective"]
+    half = 16 // 2 * 28 * 64 * 4  # a row's half of the batch, B/2 x T x d numbers of 4 bytes
+    assert sent["all_reduce on 2"] == 8 * 2 * (2 - 1) / 2 * half  # N = 2, not 4
+    # a reduce-scatter over 2 sends half of the unit's gradient: this rank's parameter share of it
+    assert sent["_reduce_scatter_base_ on 2"] == two_d["parameter bytes"]
+    assert sent["_allgather_base_ on 2"] == 2 * two_d["parameter bytes"]
+    assert two_d["sent bytes"] == sum(sent.values())
+    # a quarter of the blocks' parameters, half of the rest (the embedding, the norm and the head: FSDP2 only)
+    assert 0.24 < two_d["parameter bytes"] / psi_bytes < 0.27
+    # the 1-D strategies' collectives on all 4
+    assert all(k.endswith(" on 4") for kind in ("DDP", "FSDP2", "TP") for k in rows[kind]["collectives by group size"])
