@@ -30,8 +30,8 @@ $python -m pytest tests -m "gpu or notebook" -p no:cacheprovider -q --durations=
     2>&1 | tee "$out/tests.txt"
 status=${PIPESTATUS[0]}
 $python benchmarks/bench.py --fast --out "$out" 2>&1 | tee "$out/bench.txt" || status=1
-# Lessons 10 and 11's strategies side by side (DDP, FSDP2, TP, TP + SP; PP where the model's 2 blocks make a stage
-# per GPU) on as many GPUs as divide the model's 4 heads
+# Lessons 10 to 12's strategies side by side (DDP, FSDP2, TP, TP + SP; PP where the model's 2 blocks make a stage
+# per GPU, FSDP2 x TP on a 2 x 2 mesh at 4) on as many GPUs as divide the model's 4 heads
 tp=$(( count >= 4 ? 4 : (count >= 2 ? 2 : 1) ))
 $python benchmarks/parallelisms.py --nproc "$tp" --out "$out" 2>&1 | tee "$out/parallelisms.txt" || status=1
 echo "GPU check finished with status $status; results in $out"
