@@ -420,13 +420,22 @@ def test_lesson_09s_cuda_peak_reads_the_allocators_peak_less_what_was_there_befo
     assert calls == ["synchronize", "reset", "synchronize"]
 
 
-def test_lesson_11s_actions_are_timed_once_the_gpu_has_finished_them(tmp_path, monkeypatch):
+def test_lesson_11s_actions_are_timed_once_the_gpu_has_computed_them(tmp_path, monkeypatch):
     import torch
 
     pipeline = _import_module_of(tmp_path, "runs/11_pipeline_parallel", ["pipeline"], "pipeline")
     waited = []
-    monkeypatch.setattr(pipeline.torch.cuda, "synchronize", lambda device=None: waited.append(device))
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            waited.append(self.device)
+
+    monkeypatch.setattr(pipeline.torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(pipeline.torch.cuda, "synchronize", lambda device=None: waited.append("the whole device"))
     gpu = torch.device("cuda", LOCAL_RANK)
-    assert pipeline._now(gpu) > 0 and waited == [gpu]
+    assert pipeline._now(gpu) > 0 and waited == [gpu], "the compute stream, not the transfers' streams, is waited for"
     pipeline._now(torch.device("cpu"))
     assert waited == [gpu], "a CPU is not synchronized"
