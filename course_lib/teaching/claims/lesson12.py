@@ -54,6 +54,9 @@ def _two_d(run, four) -> None:
         run.claim(calls.get("all_reduce") == 4 * layers and sent.get("all_reduce") == 4 * layers * activation,
                   f"rank {r['rank']}: TP's all-reduces are 2 + 2 per block, each of the row's activations "
                   f"({activation:,} bytes) (got {calls.get('all_reduce')}, {sent.get('all_reduce')})")
+        run.claim(r["sent"].get("all_reduce") == sent.get("all_reduce")
+                  and r["sent"].get("_allgather_base_") * 2 == sent.get("_allgather_base_"),
+                  f"rank {r['rank']}: in groups of 2, an all-reduce sends its whole tensor and an all-gather half")
         units = layers + 1
         run.claim(calls.get("_allgather_base_") == 2 * units and calls.get("_reduce_scatter_base_") == units,
                   f"rank {r['rank']}: FSDP gathers each of its {units} units for the forward and again for the "
@@ -110,7 +113,7 @@ def _three_d(run, eight) -> None:
             by_column.setdefault(r["coordinate (pp, dp, tp)"][1], set()).add(tuple(r["micro-batch losses"]))
     run.claim(len(by_column) == 2 and all(len(v) == 1 for v in by_column.values())
               and len({next(iter(v)) for v in by_column.values()}) == 2,
-              "each column (dp) took its own half of the batch: its two ranks agree, the columns differ")
+              "the ranks with the same dp index took the same half of the batch; the two dp indices differ")
 
 
 def _choose(run) -> None:
