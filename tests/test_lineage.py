@@ -1,5 +1,6 @@
 """One lineage: every training script of lessons 02+ is a family's base plus marked regions, and every script
 the course writes also starts with plain ``python`` (a world of one) the way its docstring says."""
+import json
 import os
 import re
 import shlex
@@ -259,20 +260,57 @@ def test_every_training_script_with_max_steps_is_checked_for_zero():
     assert len(MAX_STEPS) >= 30, f"only {len(MAX_STEPS)} scripts take --max-steps; the parametrized test below lost some"
 
 
-@pytest.mark.parametrize("notebook,target,base,text", MAX_STEPS)
-def test_max_steps_zero_is_refused_before_any_training(notebook, target, base, text, tmp_path, mirror):
-    """``--max-steps 0`` once trained whole epochs (the check ``steps == max_steps`` never held); now argparse
-    refuses it, with the fix, before a process group or the data is touched."""
-    path = tmp_path / target
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+#: Runs each script given on its command line in this one process, as ``python SCRIPT --max-steps 0 ...`` would
+#: (its folder first on sys.path, its ``__main__`` part run), and prints {target: [exit code, stderr]} as JSON: one
+#: start of Python and torch for all of them instead of one each.
+ZERO_STEPS_RUNNER = """
+import contextlib, io, json, runpy, sys
+found = {}
+for target, path, run_dir, checkpoint in json.loads(sys.argv[1]):
+    sys.argv = [path, *([checkpoint] if checkpoint else []), "--max-steps", "0", "--run-dir", run_dir]
+    sys.path.insert(0, path.rsplit("/", 1)[0])
+    err, code = io.StringIO(), 0
+    try:
+        with contextlib.redirect_stderr(err):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as exit:
+        code = exit.code if isinstance(exit.code, int) else 1
+    except BaseException as error:
+        code, err = 1, io.StringIO(err.getvalue() + f"{type(error).__name__}: {error}")
+    sys.path.pop(0)
+    found[target] = [code, err.getvalue()]
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def zero_steps(tmp_path_factory, mirror):
+    """Every script that takes --max-steps, run with ``--max-steps 0`` (each with a run folder of its own)."""
+    tree = tmp_path_factory.mktemp("zero-steps")
+    jobs = []
+    for index, param in enumerate(MAX_STEPS):
+        _, target, _, text = param.values
+        path = tree / str(index) / target
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+        checkpoint = str(tree / "missing.pt") if "checkpoint\", type=Path" in text else None  # evaluation scripts
+        jobs.append((f"{index}:{target}", str(path), str(tree / str(index) / "run"), checkpoint))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
-    args = ["--max-steps", "0", "--run-dir", str(tmp_path / "run")]
-    if "checkpoint\", type=Path" in text:  # evaluation scripts take a checkpoint path first
-        args.insert(0, str(tmp_path / "missing.pt"))
-    done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 2, f"{target} --max-steps 0 exited {done.returncode}:\n{done.stderr[-2000:]}"
-    assert "--max-steps: 0 is not a number of steps: give 1 or more" in done.stderr, done.stderr[-2000:]
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    done = subprocess.run([sys.executable, "-c", ZERO_STEPS_RUNNER, json.dumps(jobs)], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return {(param.values[1], index): found[f"{index}:{param.values[1]}"] + [tree / str(index) / "run"]
+            for index, param in enumerate(MAX_STEPS)}
+
+
+@pytest.mark.parametrize("index,notebook,target,base,text",
+                         [pytest.param(i, *c.values, id=c.id) for i, c in enumerate(MAX_STEPS)])
+def test_max_steps_zero_is_refused_before_any_training(index, notebook, target, base, text, zero_steps):
+    """``--max-steps 0`` once trained whole epochs (the check ``steps == max_steps`` never held); now argparse
+    refuses it, with the fix, before a process group or the data is touched."""
+    code, stderr, run_dir = zero_steps[(target, index)]
+    assert code == 2, f"{target} --max-steps 0 exited {code}:\n{stderr[-2000:]}"
+    assert "--max-steps: 0 is not a number of steps: give 1 or more" in stderr, stderr[-2000:]
+    assert not (run_dir / "metrics.jsonl").exists()
