@@ -171,3 +171,14 @@ def test_a_1f1b_mistake_fails_with_its_hint_through_the_launched_check(tmp_path)
 def test_a_bubble_mistake_fails_with_its_hint(tmp_path, changes, hint):
     with pytest.raises(CheckFailed, match=re.escape(hint)):
         checks.check_bubble_fraction(write(tmp_path, "bubble.py", BUBBLE.format(**dict(SIMULATED, **changes))))
+
+
+def test_a_bubble_fraction_that_raises_or_returns_words_is_told_so_with_the_call(tmp_path):
+    """What the learner's function raises, or returns instead of a number, comes back from its process as a
+    sentence naming the call (the harness's ``answers_of``), shown with the hint."""
+    script = "def bubble_fraction(order):\n    if len(order) == 2:\n        return 'half'\n    return 1 / 0\n"
+    with pytest.raises(CheckFailed) as failed:
+        checks.check_bubble_fraction(write(tmp_path, "bubble.py", script))
+    text = str(failed.value)
+    assert "Return the fraction as a float" in text, text
+    assert re.search(r"bubble_fraction\(\{0: .*\) (raised ZeroDivisionError|returned 'half', not a number)", text), text

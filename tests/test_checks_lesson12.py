@@ -203,3 +203,12 @@ def test_a_choose_mesh_mistake_fails_with_its_hint_through_the_launched_check(tm
 def test_a_column_major_mesh_groups_fails_with_its_hint_through_the_launched_check(tmp_path):
     with pytest.raises(CheckFailed, match=re.escape("You made the first dimension fastest")):
         checks.check_mesh_groups(write(tmp_path, "groups.py", groups_source(sizes="shape", names="names")))
+
+
+def test_a_choose_mesh_that_raises_is_told_so_with_the_call_and_the_hint(tmp_path):
+    script = "def choose_mesh(gpus, per_node, budget_gb, model):\n    return model['no such key']\n"
+    with pytest.raises(CheckFailed) as failed:
+        checks.check_choose_mesh(write(tmp_path, "choose.py", script))
+    text = str(failed.value)
+    assert re.search(r"choose_mesh\(\d+, \d+, [\d.]+, \{.*\) raised KeyError: 'no such key'", text), text
+    assert lesson12.HINT_SHAPE in text, text

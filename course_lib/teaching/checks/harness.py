@@ -278,6 +278,29 @@ def report(**values):
     connection.sendall(len(buffer.getvalue()).to_bytes(8, "big") + buffer.getvalue())
 
 
+def answers_of(function, calls, convert, shape):
+    """``convert(function(*args))`` for each ``args`` of ``calls``. Where the learner's function raises, or returns
+    what ``convert`` cannot read, the answer is a sentence saying so (the check shows it with its hint); the
+    placeholder's NotImplementedError goes up: the task is not attempted."""
+    answers = []
+    for args in calls:
+        shown = [text if len(text) <= 40 else text[:36] + " ..." for text in map(repr, args)]
+        call = "%s(%s)" % (function.__name__, ", ".join(shown))
+        try:
+            value = function(*args)
+        except NotImplementedError:
+            raise
+        except Exception as error:
+            answers.append(f"{{call}} raised {{type(error).__name__}}: {{str(error)[:300]}}")
+            continue
+        try:
+            answers.append(convert(value))
+        except Exception as error:
+            answers.append(f"{{call}} returned {{str(value)[:100]!r}}, not {{shape}} "
+                           f"({{type(error).__name__}}: {{str(error)[:200]}})")
+    return answers
+
+
 def load_learner_module(path):
     spec = importlib.util.spec_from_file_location("learner", path)
     module = importlib.util.module_from_spec(spec)

@@ -229,21 +229,9 @@ def check_one_f_one_b(script, cases: int = 8) -> None:
     report = Report("11.1", f"one_f_one_b on {len(drawn)} (p, m) drawn now, run in a process of the check's, "
                             "simulated here (F = 1 unit, B = 2)")
     found = run_harness("11.1", script, """
-        results = []
-        for p, m in inputs["cases"]:
-            try:
-                order = learner.one_f_one_b(p, m)
-            except NotImplementedError:
-                raise
-            except Exception as error:
-                results.append(f"one_f_one_b({p}, {m}) raised {type(error).__name__}: {str(error)[:300]}")
-                continue
-            try:
-                results.append({int(rank): [[str(kind), int(i)] for kind, i in actions] for rank, actions in order.items()})
-            except Exception as error:
-                results.append(f"one_f_one_b({p}, {m}) returned a {type(order).__name__}, not "
-                               f"{{rank: [(kind, i), ...]}} ({type(error).__name__}: {str(error)[:200]})")
-        report(results=results)
+        def order_of(order):
+            return {int(rank): [[str(kind), int(i)] for kind, i in actions] for rank, actions in order.items()}
+        report(results=answers_of(learner.one_f_one_b, inputs["cases"], order_of, "{rank: [(kind, i), ...]}"))
     """, nproc=1, inputs=[{"cases": drawn}])
     results = reported("11.1", 0, found.get(0), "results")
     failing, shown = 0, None
@@ -343,20 +331,7 @@ def check_bubble_fraction(script, cases: int = 8) -> None:
     report = Report("11.2", f"bubble_fraction on {len(drawn)} orders drawn now (GPipe, 1F1B, random valid ones), "
                             "against the check's own simulation")
     found = run_harness("11.2", script, """
-        answers = []
-        for order in inputs["orders"]:
-            try:
-                value = learner.bubble_fraction(order)
-            except NotImplementedError:
-                raise
-            except Exception as error:
-                answers.append(f"raised {type(error).__name__}: {str(error)[:300]}")
-                continue
-            try:
-                answers.append(float(value))
-            except Exception:
-                answers.append(f"returned a {type(value).__name__}, not a number")
-        report(answers=answers)
+        report(answers=answers_of(learner.bubble_fraction, [[order] for order in inputs["orders"]], float, "a number"))
     """, nproc=1, inputs=[{"orders": [order for _, order in drawn]}])
     answers = reported("11.2", 0, found.get(0), "answers")
     failing = 0
@@ -371,7 +346,7 @@ def check_bubble_fraction(script, cases: int = 8) -> None:
         if failing > SHOWN:
             continue
         if not isinstance(answer, float):
-            report.fail(f"{what}: bubble_fraction {answer}", "Return the fraction as a float between 0 and 1.")
+            report.fail(f"{what}: {answer}", "Return the fraction as a float between 0 and 1.")
             continue
         hint = next((h for value, h in mistakes(order) if abs(value - answer) <= 1e-9), HINT_SIMULATE)
         report.fail(f"{what}: {answer:.6f}, the simulation gives {want:.6f}", hint)

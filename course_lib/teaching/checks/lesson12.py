@@ -218,28 +218,15 @@ def check_choose_mesh(script, cases: int = 8) -> None:
     report = Report("12.1", f"choose_mesh on {len(drawn)} clusters and models drawn now, run in a process of the "
                             "check's, against the check's own enumeration of the layouts")
     found = run_harness("12.1", script, """
-        results = []
-        for case in inputs["cases"]:
-            call = "choose_mesh({gpus}, {per_node}, {budget_gb}, model)".format(**case)
-            try:
-                layout = learner.choose_mesh(case["gpus"], case["per_node"], case["budget_gb"], dict(case["model"]))
-            except NotImplementedError:
-                raise
-            except Exception as error:
-                results.append(f"{call} raised {type(error).__name__}: {str(error)[:300]}")
-                continue
+        def layout_of(layout):
             if layout is None:
-                results.append(None)
-                continue
-            try:
-                sizes = [int(size) for size in layout]
-                if len(sizes) != 3 or any(size != float(value) for size, value in zip(sizes, layout)):
-                    raise ValueError(f"{len(sizes)} values")
-                results.append(sizes)
-            except Exception as error:
-                results.append(f"{call} returned {str(layout)[:100]!r}, not (pp, dp, tp) "
-                               f"({type(error).__name__}: {str(error)[:200]})")
-        report(results=results)
+                return None
+            sizes = [int(size) for size in layout]
+            if len(sizes) != 3 or any(size != float(value) for size, value in zip(sizes, layout)):
+                raise ValueError(f"{len(sizes)} values")
+            return sizes
+        calls = [(case["gpus"], case["per_node"], case["budget_gb"], dict(case["model"])) for case in inputs["cases"]]
+        report(results=answers_of(learner.choose_mesh, calls, layout_of, "(pp, dp, tp)"))
     """, nproc=1, inputs=[{"cases": drawn}])
     results = reported("12.1", 0, found.get(0), "results")
     failing = 0
@@ -374,21 +361,10 @@ def check_mesh_groups(script, cases: int = 8) -> None:
     truth = start_truth(queries)
     try:
         found = run_harness("12.2", script, """
-            answers = []
-            for shape, names, rank in inputs["queries"]:
-                try:
-                    value = learner.mesh_groups(tuple(shape), tuple(names), rank)
-                except NotImplementedError:
-                    raise
-                except Exception as error:
-                    answers.append(f"raised {type(error).__name__}: {str(error)[:300]}")
-                    continue
-                try:
-                    answers.append({str(name): [int(r) for r in ranks] for name, ranks in value.items()})
-                except Exception as error:
-                    answers.append(f"returned a {type(value).__name__}, not {{name: [ranks]}} "
-                                   f"({type(error).__name__}: {str(error)[:200]})")
-            report(answers=answers)
+            def groups_of(value):
+                return {str(name): [int(r) for r in ranks] for name, ranks in value.items()}
+            calls = [(tuple(shape), tuple(names), rank) for shape, names, rank in inputs["queries"]]
+            report(answers=answers_of(learner.mesh_groups, calls, groups_of, "{name: [ranks]}"))
         """, nproc=1, inputs=[{"queries": queries}])
     except BaseException:
         truth.kill()
