@@ -4,6 +4,13 @@ An nbgrader course folder made by ``python -m course_lib exercises nbgrader``: `
 exactly the committed ``exercises/``; ``autograde`` gives every solution full marks (with no cell failing, so
 this also runs each solution top to bottom) and every untouched release zero (stopping first at a placeholder);
 ``generate_feedback`` writes feedback; and the course's own grader gives the same points as nbgrader.
+
+Every release is autograded in every run (each check says "not attempted" without launching anything). The
+solutions run top to bottom under nbgrader for the lessons of ``SOLVED_IN_EVERY_RUN`` (checks that launch the
+learner's script, and checks that run the learner's code in a harness of their own), and for every lesson with
+``COURSE_NBGRADER_ALL=1`` set: that full run (about 7 minutes on 2 cores) is the command to run when an exercise or
+a check changes; it stays out of CI's time budget. The solutions of lessons 03, 04, 06 and 10-12 pass in every run
+through the course's checks too (``tests/test_grading.py``, ``tests/test_checks_lessonNN.py``).
 """
 import json
 import os
@@ -24,6 +31,10 @@ from test_grading import _forged
 SOLUTIONS = solution_notebooks()
 LESSONS = [assignment_name(p) for p in SOLUTIONS]
 STUDENTS = ("solution", "untouched")  # the solution notebook as submitted, and the release as handed out
+ALL_ENV = "COURSE_NBGRADER_ALL"
+SOLVED_IN_EVERY_RUN = ("00_setup", "01_collectives", "08_inside_ddp")
+SOLVED = [lesson for lesson in LESSONS
+          if os.environ.get(ALL_ENV, "") not in ("", "0") or lesson in SOLVED_IN_EVERY_RUN]
 PARTIAL = "partial"  # lesson 00's release with task 00.2 answered, and nothing else
 FORGED = "forged"  # lesson 00's release with test_grading's forgery in task 00.2's cell
 
@@ -56,6 +67,8 @@ def course(tmp_path_factory):
     nbgrader(folder, "generate_assignment", "*", "--force")
     for lesson, solution in zip(LESSONS, SOLUTIONS):
         for student, source in zip(STUDENTS, (folder / "source", folder / "release")):
+            if student == "solution" and lesson not in SOLVED:
+                continue
             target = folder / "submitted" / student / lesson
             target.mkdir(parents=True)
             shutil.copy(source / lesson / solution.name, target / solution.name)
@@ -98,8 +111,12 @@ def test_generate_assignment_releases_exactly_the_committed_exercise(course, les
         f"nbgrader's release of {name} differs from exercises/{name}; run `python -m course_lib exercises build`")
 
 
+def test_the_solutions_autograded_in_every_run_are_lessons_of_the_course():
+    assert set(SOLVED_IN_EVERY_RUN) <= set(LESSONS), set(SOLVED_IN_EVERY_RUN) - set(LESSONS)
+
+
 @pytest.mark.notebook
-@pytest.mark.parametrize("lesson", LESSONS)
+@pytest.mark.parametrize("lesson", SOLVED)
 def test_autograde_gives_the_solution_full_marks_with_no_cell_failing(course, lesson):
     got = scores(course, lesson, "solution")
     checks = [c for c in nbformat.read(EXERCISES / f"{lesson}_exercises.ipynb", as_version=4).cells if task_of(c)]
