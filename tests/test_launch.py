@@ -154,8 +154,8 @@ def test_timeout_stops_the_run_and_raises(worker):
     watcher.start()
     start = time.monotonic()
     try:
-        with pytest.raises(LaunchTimeout, match="timeout=20"):
-            torchrun(worker, nproc=2, script_args=["--sleep", "300"], timeout=20, quiet=True)
+        with pytest.raises(LaunchTimeout, match="timeout=12"):
+            torchrun(worker, nproc=2, script_args=["--sleep", "300"], timeout=12, quiet=True)
     finally:
         stop.set()
         watcher.join()
