@@ -1,7 +1,8 @@
 """Command line of the workbook; run from the repository root with any Python 3.10+.
 
   python3 -m course_lib lab            set up .venv (first time), prepare MNIST, open JupyterLab on notebooks/
-  python3 -m course_lib test [ARGS]    set up .venv (first time), prepare MNIST, run the test suite (pytest ARGS)
+  python3 -m course_lib test [ARGS]    set up .venv (first time), prepare MNIST, run the test suite (pytest ARGS;
+                                       two passes, see course_lib/testpasses.py)
   python3 -m course_lib setup          only set up .venv and prepare MNIST
   python3 -m course_lib doctor         what this machine offers for distributed training
   python3 -m course_lib prepare-data   make data/MNIST/raw hold the verified MNIST files
@@ -104,7 +105,12 @@ def _main(argv: list[str]) -> int:
         if command == "lab":
             return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *_root_flag(), *rest])
         if command == "test":
-            code = subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests"), *rest], cwd=ROOT)
+            from .testpasses import combine, default_workers, passes
+
+            codes = []
+            for args in passes(rest, default_workers()):  # see course_lib/testpasses.py
+                codes.append(subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests"), *args], cwd=ROOT))
+            code = combine(codes)
             if code == 5:
                 print("pytest collected no tests: that is a failure, not a pass.", file=sys.stderr)
                 return 1

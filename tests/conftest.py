@@ -81,9 +81,43 @@ def ctrl_c_raises():
     signal.signal(signal.SIGINT, previous)
 
 
+#: Test files that read the lessons tests/test_notebooks.py executed in this run (test-output/executed and the runs
+#: they left): they run after it, in the serial pass (course_lib/testpasses.py).
+AFTER_THE_LESSONS = ("test_book.py", "test_verify")
+#: Test files whose assertions depend on timings that a second test beside them would stretch (a rendezvous window,
+#: a rejoin in time for the next epoch, a browser's waits): they run in the serial pass too.
+WITHOUT_NEIGHBOURS = ("test_elastic.py", "test_lost_host.py", "test_browser.py")
+#: Test files that grade submissions: as root, the grader runs them as one unprivileged user and ends every process
+#: of that user when a grading ends, so two gradings at once would end each other's work. One xdist worker runs them.
+GRADING = ("test_grading.py", "test_grading_privileges.py", "test_grading_trust.py", "test_check_forgery.py",
+           "test_nbgrader.py", "test_exercises.py", "test_cli.py")
+
+
+def _group(item) -> str:
+    """The xdist group of a test: its file's (module and session fixtures are then built once), the grader's, or for
+    a lesson's notebook test its lesson's (the parts of one lesson share its runs/ folder)."""
+    name = item.path.name
+    if name in GRADING:
+        return "grading"
+    callspec = getattr(item, "callspec", None)
+    if name == "test_notebooks.py" and callspec is not None and "path" in callspec.params:
+        return "lesson" + Path(callspec.params["path"]).stem[:2]
+    return name
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
-    """The book's tests run last: the book is built from the lessons the notebook tests executed
-    (test-output/executed), so that CI does not run every lesson twice."""
+    """Marks the serial tests and groups the others for the parallel pass (see course_lib/testpasses.py).
+
+    In one pytest run (no workers), the book's tests run last: the book is built from the lessons the notebook tests
+    executed (test-output/executed), so that CI does not run every lesson twice. On a worker, the grader's tests and
+    the lessons come first: they are the longest groups, and a long group started last would run alone."""
+    for item in items:
+        if item.path.name.startswith(AFTER_THE_LESSONS) or item.path.name in WITHOUT_NEIGHBOURS:
+            item.add_marker(pytest.mark.serial)
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: (_group(item) != "grading", not _group(item).startswith("lesson")))
     items.sort(key=lambda item: item.path.name == "test_book.py")  # a stable sort: the order is otherwise kept
 
 

@@ -22,6 +22,7 @@ def _id(path):
 
 def test_the_workbook_has_lessons():
     assert LESSONS, "no notebooks found in notebooks/"
+    assert set(TIMED) <= {p.stem for p in LESSONS}, "a lesson named in TIMED is not in notebooks/"
 
 
 @pytest.mark.parametrize("path", ALL + sorted((ROOT / "exercises").glob("*.ipynb")), ids=_id)
@@ -43,8 +44,19 @@ def test_notebook_has_one_parameters_cell(path):
         assert f"{name} =" in tagged[0].source, f"{path.name}: fast parameter {name} is not in its parameters cell"
 
 
+#: Lessons whose claims compare timings taken in their run: they run in the serial pass (course_lib/testpasses.py),
+#: alone on the machine, as a learner's would.
+TIMED = {
+    "03b_pitfalls_checkpoints_and_speed": "tensors in memory read faster than per-sample PIL decoding",
+    "04a_torchrun_restarts": "a 2 s monitor interval ends the job more than 0.5 s later than 0.1 s",
+    "04b_multinode_elastic_slurm_hangs": "the second node joins the elastic run while the first trains",
+    "11_pipeline_parallel": "the measured bubble stays within 0.15 of (p-1)/(m+p-1)",
+}
+
+
 @pytest.mark.notebook
-@pytest.mark.parametrize("path", LESSONS, ids=_id)
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.serial) if p.stem in TIMED else p
+                                  for p in LESSONS], ids=_id)
 def test_notebook_runs_top_to_bottom(path):
     start = time.monotonic()
     nb = execute_notebook(path)

@@ -1,0 +1,86 @@
+"""How ``python -m course_lib test`` splits the suite into a parallel and a serial pass (course_lib/testpasses.py),
+and which tests the conftest keeps out of the parallel pass."""
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import _group
+from notebook_runner import ROOT
+
+from course_lib import testpasses
+from course_lib.testpasses import combine, passes
+
+
+def test_two_passes_split_by_the_serial_marker_and_keep_the_users_arguments():
+    first, second = passes(["-v", "--durations=20", "tests/test_launch.py"], workers=2)
+    assert first == ["-v", "--durations=20", "tests/test_launch.py", "-n", "2", "--dist", "loadgroup",
+                     "-m", "not serial"]
+    assert second == ["-v", "--durations=20", "tests/test_launch.py", "-p", "no:xdist", "-m", "serial"]
+
+
+@pytest.mark.parametrize("marker", [["-m", "notebook"], ["-mnotebook"], ["-m=notebook"]])
+def test_a_users_marker_expression_is_kept_in_both_passes(marker):
+    first, second = passes(["-x", *marker], workers=3)
+    assert first[-2:] == ["-m", "(notebook) and not serial"] and "-n" in first and first[first.index("-n") + 1] == "3"
+    assert second[-2:] == ["-m", "(notebook) and serial"]
+    assert first.count("-m") == second.count("-m") == 1
+
+
+@pytest.mark.parametrize("args", [["-n", "4"], ["-n4"], ["--numprocesses=auto"], ["-p", "no:xdist"], ["--dist=load"]])
+def test_arguments_that_choose_their_own_workers_run_as_one_pass(args):
+    assert passes(args, workers=2) == [args]
+
+
+def test_one_worker_runs_the_suite_as_one_pass():
+    assert passes(["-k", "lint"], workers=1) == [["-k", "lint"]]
+
+
+def test_the_exit_code_is_the_first_failure_and_no_tests_only_when_neither_pass_found_any():
+    assert combine([0, 0]) == 0
+    assert combine([5, 0]) == combine([0, 5]) == 0
+    assert combine([5, 5]) == 5
+    assert combine([1, 0]) == 1 and combine([0, 2]) == 2 and combine([5, 1]) == 1
+
+
+def test_the_workers_come_from_the_environment_and_a_bad_value_names_the_fix(monkeypatch):
+    monkeypatch.setenv(testpasses.WORKERS_ENV, "1")
+    assert testpasses.default_workers() == 1
+    monkeypatch.setenv(testpasses.WORKERS_ENV, "two")
+    with pytest.raises(ValueError, match="whole number of pytest workers"):
+        testpasses.default_workers()
+
+
+def test_a_visible_gpu_runs_the_suite_in_one_pass(monkeypatch):
+    import course_lib.devices
+
+    monkeypatch.delenv(testpasses.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(course_lib.devices, "gpu_count", lambda: 2)
+    assert testpasses.default_workers() == 1
+    monkeypatch.setattr(course_lib.devices, "gpu_count", lambda: 0)
+    assert testpasses.default_workers() == 2
+
+
+def test_what_reads_the_executed_lessons_or_times_itself_is_kept_out_of_the_parallel_pass():
+    """Collected as the parallel pass collects: none of these may run beside another test."""
+    from test_notebooks import TIMED
+
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "not serial", "tests"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    assert "test_notebooks.py::test_notebook_runs_top_to_bottom[notebooks/02a_ddp_script]" in listed
+    for stem in TIMED:
+        assert f"test_notebook_runs_top_to_bottom[notebooks/{stem}]" not in listed, stem
+    for name in ("test_book.py", "test_verify_lesson08.py", "test_elastic.py", "test_lost_host.py", "test_browser.py"):
+        assert f"tests/{name}::" not in listed, name
+
+
+def test_the_parts_of_a_lesson_and_the_graders_tests_each_stay_on_one_worker():
+    def notebook(path):
+        return SimpleNamespace(path=Path("tests/test_notebooks.py"), callspec=SimpleNamespace(params={"path": Path(path)}))
+
+    assert _group(notebook("notebooks/05a_accelerate_port.ipynb")) == _group(notebook("notebooks/05c_x.ipynb"))
+    assert _group(notebook("notebooks/05a_accelerate_port.ipynb")) != _group(notebook("notebooks/06a_x.ipynb"))
+    assert _group(SimpleNamespace(path=Path("tests/test_nbgrader.py"))) == \
+        _group(SimpleNamespace(path=Path("tests/test_check_forgery.py"))) == "grading"
+    assert _group(SimpleNamespace(path=Path("tests/test_lineage.py"))) == "test_lineage.py"
