@@ -1,5 +1,6 @@
 """Shared fixtures: the verified MNIST mirror, and small training scripts for launch tests."""
 import os
+import re
 import signal
 import textwrap
 from pathlib import Path
@@ -91,23 +92,46 @@ WITHOUT_NEIGHBOURS = ("test_elastic.py", "test_lost_host.py", "test_browser.py")
 #: of that user when a grading ends, so two gradings at once would end each other's work. One xdist worker runs them.
 GRADING = ("test_grading.py", "test_grading_privileges.py", "test_grading_trust.py", "test_check_forgery.py",
            "test_nbgrader.py", "test_exercises.py", "test_cli.py")
+_LESSON_RUN = re.compile(r"::test_notebook_runs_top_to_bottom\[notebooks/(\d\d)")
 
 
-def _group(item) -> str:
-    """The xdist group of a test: its file's (module and session fixtures are then built once), the grader's, or for
-    a lesson's notebook test its lesson's (the parts of one lesson share its runs/ folder)."""
-    name = item.path.name
-    if name in GRADING:
+def group_of(nodeid: str) -> str:
+    """The tests one xdist worker runs one after the other: a test file's (its module and session fixtures are then
+    built once), the grader's, or for a lesson's notebook test its lesson's (a lesson's parts share its runs/ folder).
+    """
+    path = nodeid.split("::")[0]
+    if path.rsplit("/", 1)[-1] in GRADING:
         return "grading"
-    callspec = getattr(item, "callspec", None)
-    if name == "test_notebooks.py" and callspec is not None and "path" in callspec.params:
-        return "lesson" + Path(callspec.params["path"]).stem[:2]
-    return name
+    lesson = _LESSON_RUN.search(nodeid)
+    return f"lesson{lesson.group(1)}" if lesson else path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+class _CourseScheduling:
+    """``--dist loadgroup`` as pytest-xdist's scope scheduling with the scopes of ``group_of``, taken in collection
+    order (xdist's own ``loadgroup`` marks tests by rewriting a node id that pytest 9 no longer reads: its groups were
+    silently ignored)."""
+
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadgroup":  # what course_lib/testpasses.py asks for; others are left as asked
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return group_of(nodeid)
+
+        config.option.loadscopereorder = False  # the order below, not the groups' sizes in tests
+        return Scheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_CourseScheduling(), "course-scheduling")
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Marks the serial tests and groups the others for the parallel pass (see course_lib/testpasses.py).
+    """Marks the serial tests (course_lib/testpasses.py).
 
     In one pytest run (no workers), the book's tests run last: the book is built from the lessons the notebook tests
     executed (test-output/executed), so that CI does not run every lesson twice. On a worker, the grader's tests and
@@ -115,9 +139,9 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.path.name.startswith(AFTER_THE_LESSONS) or item.path.name in WITHOUT_NEIGHBOURS:
             item.add_marker(pytest.mark.serial)
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: (_group(item) != "grading", not _group(item).startswith("lesson")))
+        items.sort(key=lambda item: (group_of(item.nodeid) != "grading",
+                                     not group_of(item.nodeid).startswith("lesson")))
     items.sort(key=lambda item: item.path.name == "test_book.py")  # a stable sort: the order is otherwise kept
 
 

@@ -2,11 +2,9 @@
 and which tests the conftest keeps out of the parallel pass."""
 import subprocess
 import sys
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from conftest import _group
+from conftest import group_of
 from notebook_runner import ROOT
 
 from course_lib import testpasses
@@ -76,11 +74,28 @@ def test_what_reads_the_executed_lessons_or_times_itself_is_kept_out_of_the_para
 
 
 def test_the_parts_of_a_lesson_and_the_graders_tests_each_stay_on_one_worker():
-    def notebook(path):
-        return SimpleNamespace(path=Path("tests/test_notebooks.py"), callspec=SimpleNamespace(params={"path": Path(path)}))
+    def lesson(stem):
+        return f"tests/test_notebooks.py::test_notebook_runs_top_to_bottom[notebooks/{stem}]"
 
-    assert _group(notebook("notebooks/05a_accelerate_port.ipynb")) == _group(notebook("notebooks/05c_x.ipynb"))
-    assert _group(notebook("notebooks/05a_accelerate_port.ipynb")) != _group(notebook("notebooks/06a_x.ipynb"))
-    assert _group(SimpleNamespace(path=Path("tests/test_nbgrader.py"))) == \
-        _group(SimpleNamespace(path=Path("tests/test_check_forgery.py"))) == "grading"
-    assert _group(SimpleNamespace(path=Path("tests/test_lineage.py"))) == "test_lineage.py"
+    assert group_of(lesson("05a_accelerate_port")) == group_of(lesson("05c_accelerate_precision_accumulation"))
+    assert group_of(lesson("05a_accelerate_port")) != group_of(lesson("06a_trainer_seed_defects"))
+    assert group_of("tests/test_nbgrader.py::test_x[02_ddp]") == group_of("tests/test_check_forgery.py::test_y") \
+        == "grading"
+    assert group_of("tests/test_lineage.py::test_a[x]") == group_of("tests/test_lineage.py::test_b") \
+        == "tests/test_lineage.py"
+
+
+def test_the_parallel_pass_keeps_each_group_on_one_worker(tmp_path):
+    """Two workers run three small files: each file's tests all report the same worker."""
+    for name in ("a", "b", "c"):
+        (tmp_path / f"test_{name}.py").write_text("".join(f"def test_{k}():\n    pass\n" for k in range(6)))
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+                           str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    workers = {}
+    for line in done.stdout.splitlines():
+        if "PASSED" in line and line.startswith("[gw"):  # "[gw0] [  5%] PASSED test_a.py::test_0"
+            workers.setdefault(line.split("PASSED")[1].split("::")[0].strip(), set()).add(line[1:4])
+    assert len(workers) == 3 and all(len(w) == 1 for w in workers.values()), workers
