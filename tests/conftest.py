@@ -129,19 +129,27 @@ def pytest_configure(config):
         config.pluginmanager.register(_CourseScheduling(), "course-scheduling")
 
 
+#: The longest groups of the parallel pass, longest first (seconds, in one pytest run on the 2-core machine, 7541ba7):
+#: the grader's about 650, lessons 05, 09 and 06 about 200 each, test_lineage.py 230 with its plain runs, lesson 02 and
+#: test_inside_ddp.py 130-170, lessons 12 and 08 about 100, test_launch.py and test_bench.py about 110. A worker takes
+#: the next group when it is done with one, so a long group started last would leave the other worker idle.
+LONGEST_FIRST = ["grading", "lesson05", "lesson09", "lesson06", "tests/test_lineage.py", "lesson02",
+                 "tests/test_inside_ddp.py", "lesson12", "lesson08", "tests/test_launch.py", "tests/test_bench.py"]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     """Marks the serial tests (course_lib/testpasses.py).
 
     In one pytest run (no workers), the book's tests run last: the book is built from the lessons the notebook tests
-    executed (test-output/executed), so that CI does not run every lesson twice. On a worker, the grader's tests and
-    the lessons come first: they are the longest groups, and a long group started last would run alone."""
+    executed (test-output/executed), so that CI does not run every lesson twice. On a worker, the longest groups come
+    first (``LONGEST_FIRST``)."""
     for item in items:
         if item.path.name.startswith(AFTER_THE_LESSONS) or item.path.name in WITHOUT_NEIGHBOURS:
             item.add_marker(pytest.mark.serial)
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: (group_of(item.nodeid) != "grading",
-                                     not group_of(item.nodeid).startswith("lesson")))
+        items.sort(key=lambda item: LONGEST_FIRST.index(group_of(item.nodeid))
+                   if group_of(item.nodeid) in LONGEST_FIRST else len(LONGEST_FIRST))
     items.sort(key=lambda item: item.path.name == "test_book.py")  # a stable sort: the order is otherwise kept
 
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import group_of
+from conftest import LONGEST_FIRST, group_of
 from notebook_runner import ROOT
 
 from course_lib import testpasses
@@ -99,3 +99,9 @@ def test_the_parallel_pass_keeps_each_group_on_one_worker(tmp_path):
         if "PASSED" in line and line.startswith("[gw"):  # "[gw0] [  5%] PASSED test_a.py::test_0"
             workers.setdefault(line.split("PASSED")[1].split("::")[0].strip(), set()).add(line[1:4])
     assert len(workers) == 3 and all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_the_longest_groups_named_are_groups_of_this_suite():
+    files = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")}
+    lessons = {f"lesson{p.stem[:2]}" for p in (ROOT / "notebooks").glob("[0-9][0-9]*.ipynb")}
+    assert set(LONGEST_FIRST) <= files | lessons | {"grading"}, set(LONGEST_FIRST) - files - lessons
