@@ -86,7 +86,10 @@ def test_a_gpu_runner_without_working_cuda_fails_at_once_instead_of_skipping():
     if gpu_problem() is None:
         pytest.skip("CUDA works here: nothing to refuse")
     root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_model.py"]
+    # One quick test of this file as the target: the refusal comes before any test, and the run without the
+    # variable only needs to show that the same command passes.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+               "tests/test_devices.py::test_cpu_bf16_flags_reads_only_the_native_bfloat16_flags"]
     expecting = subprocess.run(command, capture_output=True, text=True, cwd=root,
                                env=dict(os.environ, COURSE_EXPECT_GPU="1"))
     assert expecting.returncode == 3, expecting.stdout + expecting.stderr
@@ -94,6 +97,7 @@ def test_a_gpu_runner_without_working_cuda_fails_at_once_instead_of_skipping():
     not_expecting = subprocess.run(command, capture_output=True, text=True, cwd=root,
                                    env=dict(os.environ, COURSE_EXPECT_GPU="0"))
     assert not_expecting.returncode == 0, not_expecting.stdout + not_expecting.stderr
+    assert "1 passed" in not_expecting.stdout, not_expecting.stdout
 
 
 def test_the_gpu_problem_names_the_fix_on_a_machine_without_cuda():
