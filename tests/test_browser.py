@@ -9,6 +9,7 @@ page (no windowing), so the tests can read each one; no news or update checks.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -33,18 +34,35 @@ SHOTS = ROOT / "test-output" / "browser"
 LESSONS = ["00_setup.ipynb", "02b_ddp_results.ipynb"]  # the first lesson, and the first with the launch panel
 #: 02b's sections that the panel does not build on: they run (as the rest of the lesson does) in tests/test_notebooks.py
 PANEL_SKIPS = ("## 5.", "## 6.", "## 7.", "## 9.", "## 10.")
+#: The names of 02b's two trainings at its top (whole epochs, the same as 02a's): the panel needs the script and the
+#: flags that cell sets, not the trainings, which tests/test_notebooks.py runs with the rest of the lesson.
+TRAININGS = {"torchrun", "lesson", "seed"}
+
+
+def _without_trainings(source: str) -> str:
+    """``source`` without its statements that launch a training or read one: the writes and names it sets stay."""
+    tree = ast.parse(source)
+    kept = [ast.get_source_segment(source, statement) for statement in tree.body
+            if not {n.id for n in ast.walk(statement) if isinstance(n, ast.Name)} & TRAININGS]
+    return "\n".join(kept) + "\n"
 
 
 def panel_part(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """02b without the sections of ``PANEL_SKIPS``: its set-up, its first launches and the launch panel's section."""
+    """02b without the sections of ``PANEL_SKIPS`` and without its two trainings: its set-up, the cell that writes
+    the script and the launch panel's section."""
     kept, skipping = [], False
     for cell in nb.cells:
         if cell.cell_type == "markdown" and cell.source.startswith("## "):
             skipping = cell.source.startswith(PANEL_SKIPS)
-        if not skipping:
-            kept.append(cell)
+        if skipping:
+            continue
+        if cell.cell_type == "code" and "torchrun(" in cell.source and "LaunchPanel(" not in cell.source:
+            cell = nbformat.from_dict(dict(cell, source=_without_trainings(cell.source)))
+            assert "write_scripts_of(" in cell.source and "SCRIPT = " in cell.source, cell.source
+        kept.append(cell)
     part = nbformat.from_dict(dict(nb, cells=kept))
     assert any("LaunchPanel(" in c.source for c in kept), "02b's launch panel cell was left out"
+    assert not any("torchrun(" in c.source for c in kept), "a training of 02b's was kept"
     return part
 
 pytestmark = [pytest.mark.browser, pytest.mark.notebook]
