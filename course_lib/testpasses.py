@@ -26,7 +26,7 @@ def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
         if arg == "-m" and i + 1 < len(args):
             expression, i = args[i + 1], i + 2
             continue
-        if arg.startswith("-m") and arg not in ("-m",) and not arg.startswith("--"):
+        if arg.startswith("-m") and arg != "-m" and not arg.startswith("--"):
             expression = arg[2:].lstrip("=")
         else:
             rest.append(arg)

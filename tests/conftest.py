@@ -148,8 +148,8 @@ def pytest_collection_modifyitems(session, config, items):
         if item.path.name.startswith(AFTER_THE_LESSONS) or item.path.name in WITHOUT_NEIGHBOURS:
             item.add_marker(pytest.mark.serial)
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: LONGEST_FIRST.index(group_of(item.nodeid))
-                   if group_of(item.nodeid) in LONGEST_FIRST else len(LONGEST_FIRST))
+        rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(LONGEST_FIRST)))
     items.sort(key=lambda item: item.path.name == "test_book.py")  # a stable sort: the order is otherwise kept
 
 

@@ -201,10 +201,16 @@ def _plain_command(text: str) -> list[str] | None:
 PLAIN = [c for c in _cells(("notebooks", "solutions"))]
 
 
-def _run_plain(tree: Path, mirror: Path, notebook: Path, target: str, text: str):
-    """The docstring's ``python`` command of a script; for a module (no ``__main__``), ``import`` in its folder."""
+def _plain_env(mirror: Path) -> dict[str, str]:
+    """A shell's environment, not a launcher's: no rank variables, one thread, the MNIST mirror, course_lib importable."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
+    return env
+
+
+def _run_plain(tree: Path, mirror: Path, notebook: Path, target: str, text: str):
+    """The docstring's ``python`` command of a script; for a module (no ``__main__``), ``import`` in its folder."""
+    env = _plain_env(mirror)
     if is_module(text):
         command = [target, "-c", f"import {Path(target).stem}"]
         return command, subprocess.run([sys.executable, *command[1:]], cwd=tree / notebook.parent.name / Path(target).parent,
@@ -295,8 +301,7 @@ def zero_steps(tmp_path_factory, mirror):
         path.write_text(text)
         checkpoint = str(tree / "missing.pt") if "checkpoint\", type=Path" in text else None  # evaluation scripts
         jobs.append((f"{index}:{target}", str(path), str(tree / str(index) / "run"), checkpoint))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", COURSE_MNIST_MIRROR=str(mirror), PYTHONPATH=str(ROOT))
+    env = _plain_env(mirror)
     done = subprocess.run([sys.executable, "-c", ZERO_STEPS_RUNNER, json.dumps(jobs)], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
