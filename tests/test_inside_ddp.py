@@ -19,6 +19,9 @@ ENV["OMP_NUM_THREADS"] = "1"
 # The hand-written DDPs where a parameter gets no gradient in some backward(), on 2 gloo processes under torchrun: a
 # branch skipped on some steps (on every rank) or on one rank only, with zero_grad(set_to_none=False) (a skipped
 # parameter holds a zero .grad) or set_to_none=True (its .grad is None); and a model wrapped twice (a cell run again).
+# One launch runs the cases given as JSON [[case, wrapper, "none" or "zero"], ...] one after the other, each rank
+# writing each case's outcome; a barrier separates the cases. A case whose ranks stop with an error does so on every
+# rank at the same step (the test checks it), so the next case starts from the same point on both.
 BRANCH_PROGRAM = textwrap.dedent('''
     import datetime, importlib.util, json, os, sys
     import torch
@@ -26,14 +29,12 @@ BRANCH_PROGRAM = textwrap.dedent('''
     import torch.nn.functional as F
     from torch import nn
 
-    folder, script, case, wrapper, to_none = sys.argv[1:6]
-    to_none = to_none == "none"
+    folder, script, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))  # a hang fails in 20 s, not 30 min
     rank, world_size = dist.get_rank(), dist.get_world_size()
     spec = importlib.util.spec_from_file_location("train_bucketed", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    BucketedDDP = getattr(module, wrapper)
 
 
     class Branchy(nn.Module):
@@ -48,7 +49,7 @@ BRANCH_PROGRAM = textwrap.dedent('''
             return self.head(h)
 
 
-    def uses_branch(step, r):
+    def uses_branch(case, step, r):
         if case == "some steps":  # every rank skips it on odd steps
             return step % 2 == 0
         if case == "one rank":  # rank 1 never uses it
@@ -56,19 +57,20 @@ BRANCH_PROGRAM = textwrap.dedent('''
         return step == 0 or r == 0  # "one rank later": every rank uses it at step 0, then rank 1 skips it
 
 
-    outcome = {"error": None, "step": None}
-    if case == "wrapped twice":
-        model = nn.Linear(20, 10)
-        BucketedDDP(model)
-        try:
-            again = BucketedDDP(model)  # the cell run again: the first wrapper's hooks are still on the parameters
-            for step in range(2):
-                outcome["step"] = step
-                again(torch.randn(4, 20)).sum().backward()
-                again.sync_gradients()
-        except RuntimeError as err:
-            outcome["error"] = str(err)
-    else:
+    def run(case, BucketedDDP, to_none):
+        outcome = {"error": None, "step": None}
+        if case == "wrapped twice":
+            model = nn.Linear(20, 10)
+            BucketedDDP(model)
+            try:
+                again = BucketedDDP(model)  # the cell run again: the first wrapper's hooks are still on the parameters
+                for step in range(2):
+                    outcome["step"] = step
+                    again(torch.randn(4, 20)).sum().backward()
+                    again.sync_gradients()
+            except RuntimeError as err:
+                outcome["error"] = str(err)
+            return outcome
         torch.manual_seed(0)
         reference = Branchy()
         torch.manual_seed(0)
@@ -80,13 +82,13 @@ BRANCH_PROGRAM = textwrap.dedent('''
             images, labels = torch.randn(8 * world_size, 20, generator=g), torch.randint(0, 10, (8 * world_size,), generator=g)
             halves = [slice(r * 8, (r + 1) * 8) for r in range(world_size)]
             opt_ref.zero_grad(set_to_none=to_none)
-            (sum(F.cross_entropy(reference(images[h], uses_branch(step, r)), labels[h]) for r, h in enumerate(halves))
+            (sum(F.cross_entropy(reference(images[h], uses_branch(case, step, r)), labels[h]) for r, h in enumerate(halves))
              / world_size).backward()
             opt_ref.step()
             opt.zero_grad(set_to_none=to_none)  # False: a skipped parameter keeps a zero .grad, not None
             mine = halves[rank]
             try:
-                F.cross_entropy(ours(images[mine], uses_branch(step, rank)), labels[mine]).backward()
+                F.cross_entropy(ours(images[mine], uses_branch(case, step, rank)), labels[mine]).backward()
                 ours.sync_gradients()
             except RuntimeError as err:
                 outcome.update(error=str(err), step=step)
@@ -95,11 +97,17 @@ BRANCH_PROGRAM = textwrap.dedent('''
         outcome["parameters"] = [p.detach().reshape(-1).tolist() for p in ours.module.parameters()]
         outcome["vs_reference"] = max((p - q).abs().max().item()
                                       for p, q in zip(reference.parameters(), ours.module.parameters()))
-    # Written whole or not at all: torchrun stops a rank still writing when its peer has failed.
-    path = os.path.join(folder, f"{case.replace(' ', '_')}-{wrapper}-{to_none}-rank{rank}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(outcome, f)
-    os.replace(path + ".tmp", path)
+        return outcome
+
+
+    for case, wrapper, to_none in cases:
+        outcome = run(case, getattr(module, wrapper), to_none == "none")
+        # Written whole or not at all: torchrun stops a rank still writing when its peer has failed.
+        path = os.path.join(folder, f"{case.replace(' ', '_')}-{wrapper}-{to_none == 'none'}-rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(outcome, f)
+        os.replace(path + ".tmp", path)
+        dist.barrier()
     dist.destroy_process_group()
 ''')
 
@@ -112,21 +120,31 @@ def bucketed_script(tmp_path_factory):
     return folder
 
 
-def _branch_case(folder, case, wrapper="BucketedDDP", set_to_none=False, must_finish=True):
-    """Each rank's outcome of BRANCH_PROGRAM's `case` on 2 processes (train_bucketed.py defines all three DDPs),
-    and the launch; ``must_finish=False`` leaves out the outcome of a rank that wrote none."""
-    to_none = "none" if set_to_none else "zero"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), case, wrapper,
-                           to_none], cwd=folder, capture_output=True, text=True, timeout=180, env=ENV)
+def _launch(folder, cases):
+    """BRANCH_PROGRAM's ``cases`` ((case, wrapper, set_to_none) each) in one launch of 2 processes
+    (train_bucketed.py defines all three DDPs)."""
+    listed = json.dumps([[case, wrapper, "none" if to_none else "zero"] for case, wrapper, to_none in cases])
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), listed],
+                          cwd=folder, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def _outcomes(folder, case, wrapper, set_to_none, done, must_finish=True):
+    """Each rank's outcome of one case; ``must_finish=False`` leaves out the outcome of a rank that wrote none."""
     outcomes = []
     for r in range(2):
-        path = folder / f"{case.replace(' ', '_')}-{wrapper}-{to_none == 'none'}-rank{r}.json"
+        path = folder / f"{case.replace(' ', '_')}-{wrapper}-{set_to_none}-rank{r}.json"
         if must_finish:
             assert path.exists(), f"rank {r} wrote no outcome (exit code {done.returncode}):\n{done.stderr[-3000:]}"
         if path.exists():
             outcomes.append(json.loads(path.read_text()))
-    return outcomes, done
+    return outcomes
+
+
+def _branch_case(folder, case, wrapper="BucketedDDP", set_to_none=False, must_finish=True):
+    """Each rank's outcome of BRANCH_PROGRAM's ``case`` in a launch of its own, and the launch."""
+    done = _launch(folder, [(case, wrapper, set_to_none)])
+    return _outcomes(folder, case, wrapper, set_to_none, done, must_finish), done
 
 
 # NaiveDDP and FlatDDP send every gradient a rank has, with no flags: a parameter used on one rank only is a
@@ -136,11 +154,24 @@ MISMATCH = {("one rank", "NaiveDDP", False), ("one rank", "NaiveDDP", True), ("o
             ("one rank", "FlatDDP", True), ("one rank later", "NaiveDDP", True), ("one rank later", "FlatDDP", True)}
 
 
+CASES = ["some steps", "one rank", "one rank later"]
+WRAPPERS = ["NaiveDDP", "FlatDDP", "BucketedDDP"]
+#: The cases that end on every rank, in one launch: starting Python and torch once instead of twelve times.
+FINISHING = [(case, wrapper, to_none) for case in CASES for wrapper in WRAPPERS for to_none in (False, True)
+             if (case, wrapper, to_none) not in MISMATCH] + [("wrapped twice", "BucketedDDP", False)]
+
+
+@pytest.fixture(scope="module")
+def finished(bucketed_script):
+    """The launch that ran every case of ``FINISHING`` one after the other."""
+    return _launch(bucketed_script, FINISHING)
+
+
 @pytest.mark.parametrize("set_to_none", [False, True], ids=["zero-grads", "none-grads"])
-@pytest.mark.parametrize("wrapper", ["NaiveDDP", "FlatDDP", "BucketedDDP"])
-@pytest.mark.parametrize("case", ["some steps", "one rank", "one rank later"])
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+@pytest.mark.parametrize("case", CASES)
 def test_a_hand_written_ddp_averages_a_sometimes_skipped_branch_or_stops_every_rank(
-        bucketed_script, case, wrapper, set_to_none):
+        bucketed_script, finished, case, wrapper, set_to_none):
     """A branch skipped on some steps, or on one rank only: never a silent divergence, never a hang."""
     if (case, wrapper, set_to_none) in MISMATCH:
         outcomes, done = _branch_case(bucketed_script, case, wrapper, set_to_none, must_finish=False)
@@ -149,7 +180,7 @@ def test_a_hand_written_ddp_averages_a_sometimes_skipped_branch_or_stops_every_r
         assert all(o["error"] for o in outcomes), outcomes  # the rank that wrote its outcome stopped with an error
         assert all(o["step"] == outcomes[0]["step"] for o in outcomes)
         return
-    outcomes, _ = _branch_case(bucketed_script, case, wrapper, set_to_none)
+    outcomes = _outcomes(bucketed_script, case, wrapper, set_to_none, finished)
     errors = [o["error"] for o in outcomes]
     # Whatever happened, the ranks still hold the same parameters: nothing diverged without a word.
     gap = max(abs(a - b) for p, q in zip(outcomes[0]["parameters"], outcomes[1]["parameters"]) for a, b in zip(p, q))
@@ -164,6 +195,10 @@ def test_a_hand_written_ddp_averages_a_sometimes_skipped_branch_or_stops_every_r
         assert all(o["vs_reference"] < 1e-5 for o in outcomes), [o["vs_reference"] for o in outcomes]
 
 
-def test_wrapping_a_model_twice_says_it_is_already_wrapped(bucketed_script):
-    for outcome in _branch_case(bucketed_script, "wrapped twice")[0]:
+def test_wrapping_a_model_twice_says_it_is_already_wrapped(bucketed_script, finished):
+    for outcome in _outcomes(bucketed_script, "wrapped twice", "BucketedDDP", False, finished):
         assert outcome["error"] and "already wrapped" in outcome["error"], outcome
+
+
+def test_the_cases_that_finish_ran_in_one_launch_that_ended_cleanly(finished):
+    assert finished.returncode == 0, finished.stderr[-3000:]
