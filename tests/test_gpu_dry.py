@@ -140,7 +140,8 @@ STUBBED = [pytest.param(key, id=key) for key, folder, _, target, _ in DRY
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
-    """{key: {"2": record, "1": record}} for every dry-run script: one subprocess per notebook, two at a time."""
+    """{key: {"2": record, "1": record}} for every dry-run script: two subprocesses, each taking every other
+    notebook's scripts (each subprocess starts Python, torch, Accelerate and Transformers once for all of them)."""
     base = tmp_path_factory.mktemp("gpu_dry")
     batches: dict[tuple[str, str], list[dict]] = {}
     for key, folder, notebook, target, text in DRY:
@@ -150,19 +151,22 @@ def dry_runs(tmp_path_factory):
         batches.setdefault((folder, notebook), []).append({"key": key, "path": str(path), "family": FAMILY[target]})
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                                                         os.environ.get("PYTHONPATH")])))
+    notebooks = list(batches)
+    halves = [notebooks[0::2], notebooks[1::2]]
 
-    def run(item):
-        (folder, notebook), jobs = item
-        jobs_file, results_file = base / f"{folder}-{notebook}.jobs.json", base / f"{folder}-{notebook}.results.json"
-        jobs_file.write_text(json.dumps(jobs))
+    def run(which):
+        half = halves[which]
+        jobs_file, results_file = base / f"half{which}.jobs.json", base / f"half{which}.results.json"
+        jobs_file.write_text(json.dumps([job for notebook in half for job in batches[notebook]]))
         done = subprocess.run([sys.executable, str(HELPER), str(jobs_file), str(results_file)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"the dry run of {folder}/{notebook} failed:\n{done.stdout}\n{done.stderr}"
+                              capture_output=True, text=True, timeout=600)
+        names = ", ".join(f"{folder}/{notebook}" for folder, notebook in half)
+        assert done.returncode == 0, f"the dry run of {names} failed:\n{done.stdout}\n{done.stderr}"
         return json.loads(results_file.read_text())
 
     results = {}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for part in pool.map(run, batches.items()):
+        for part in pool.map(run, [i for i, half in enumerate(halves) if half]):
             results.update(part)
     return results
 
