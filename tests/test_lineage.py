@@ -6,7 +6,6 @@ import re
 import shlex
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -208,43 +207,121 @@ def _plain_env(mirror: Path) -> dict[str, str]:
     return env
 
 
-def _run_plain(tree: Path, mirror: Path, notebook: Path, target: str, text: str):
-    """The docstring's ``python`` command of a script; for a module (no ``__main__``), ``import`` in its folder."""
-    env = _plain_env(mirror)
+def _plain_job(tree: Path, notebook: Path, target: str, text: str) -> tuple[list[str] | None, dict | None]:
+    """The docstring's ``python`` command of a script, and how to run it: in its notebook's folder, as ``python``
+    would (the script's folder first on sys.path); for a module (no ``__main__``), ``import`` in its own folder."""
     if is_module(text):
         command = [target, "-c", f"import {Path(target).stem}"]
-        return command, subprocess.run([sys.executable, *command[1:]], cwd=tree / notebook.parent.name / Path(target).parent,
-                                       env=env, capture_output=True, text=True, timeout=600)
+        return command, {"cwd": str(tree / notebook.parent.name / Path(target).parent), "import": Path(target).stem,
+                         "argv": ["-c"], "path": ""}
     command = _plain_command(text)
     if not command or command[0] != target:
         return command, None
-    return command, subprocess.run([sys.executable, *command], cwd=tree / notebook.parent.name, env=env,
-                                   capture_output=True, text=True, timeout=600)
+    script = tree / notebook.parent.name / target
+    return command, {"cwd": str(tree / notebook.parent.name), "script": str(script), "argv": command,
+                     "path": str(script.parent)}
+
+
+#: Runs every job of ``plain_runs`` as ``python SCRIPT ARGS`` would, in a child forked from one process that has
+#: already imported torch, torchvision, Accelerate and Transformers: each child starts where a fresh interpreter
+#: would be after those imports (each script's own imports still run; the launches in the notebooks' tests start
+#: every script in a fresh interpreter). A lesson's jobs run in order, two lessons' at a time; each child's exit
+#: code is what ``python`` gives (an uncaught exception prints its traceback and gives 1; ``sys.exit("...")``
+#: prints the message and gives 1). Prints {key: exit code} as JSON.
+PLAIN_RUNNER = """
+import atexit, importlib, json, os, runpy, signal, sys, time, traceback
+import torch, torchvision  # noqa: F401  the start every script pays, paid once
+try:
+    import accelerate, transformers, transformers.trainer  # noqa: F401
+except ImportError:
+    pass
+lessons, slots = json.loads(sys.argv[1]), int(sys.argv[2])
+
+
+def child(job):
+    os.chdir(job["cwd"])
+    for fd, name in ((1, "out"), (2, "err")):
+        os.dup2(os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv, sys.path[0] = job["argv"], job["path"]
+    importlib.invalidate_caches()
+    code = 0
+    try:
+        if "import" in job:
+            importlib.import_module(job["import"])
+        else:
+            runpy.run_path(job["script"], run_name="__main__")
+    except SystemExit as exit:
+        if isinstance(exit.code, int) or exit.code is None:
+            code = exit.code or 0
+        else:
+            print(exit.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(code)
+
+
+found, running, queues = {}, {}, [list(jobs) for jobs in lessons]
+while any(queues) or running:
+    for queue in queues:
+        busy = {lesson for lesson, _, _ in running.values()}
+        if queue and len(running) < slots and id(queue) not in busy:
+            job = queue.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                child(job)
+            running[pid] = (id(queue), job["key"], time.monotonic())
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid:
+        _, key, _ = running.pop(pid)
+        found[key] = os.waitstatus_to_exitcode(status)
+        continue
+    for pid, (_, key, began) in running.items():
+        if time.monotonic() - began > 600:
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.02)
+print(json.dumps(found))
+"""
 
 
 @pytest.fixture(scope="module")
 def plain_runs(tmp_path_factory, mirror):
     """Every script the lessons and solutions write, laid out as the notebooks' folders hold them, each run once
-    with plain python. A notebook's scripts run in its order (an evaluation reads the checkpoint its training
-    wrote, and a lesson's later part may evaluate what its first part trained: a lesson's parts run in order); two
-    lessons at a time, one process each, on the machine's cores."""
+    with plain python (``PLAIN_RUNNER``). A notebook's scripts run in its order (an evaluation reads the checkpoint
+    its training wrote, and a lesson's later part may evaluate what its first part trained: a lesson's parts run in
+    order); two lessons at a time, on the machine's cores."""
     tree = tmp_path_factory.mktemp("course")
+    logs = tmp_path_factory.mktemp("plain-logs")
     by_lesson: dict[tuple[str, str], list] = {}
-    for param in PLAIN:
+    commands = {}
+    for index, param in enumerate(PLAIN):
         notebook, target, _, text = param.values
         path = tree / notebook.parent.name / target
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        by_lesson.setdefault((notebook.parent.name, notebook.stem[:2]), []).append((notebook, target, text))
-
-    def run_lesson(lesson):
-        return {(notebook, target): _run_plain(tree, mirror, notebook, target, text)
-                for notebook, target, text in by_lesson[lesson]}
-
-    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
-        runs = {}
-        for done in pool.map(run_lesson, by_lesson):
-            runs.update(done)
+        command, job = _plain_job(tree, notebook, target, text)
+        commands[(notebook, target)] = command
+        if job is not None:
+            key = str(index)
+            job.update(key=key, out=str(logs / f"{key}.out"), err=str(logs / f"{key}.err"))
+            by_lesson.setdefault((notebook.parent.name, notebook.stem[:2]), []).append(job)
+    done = subprocess.run([sys.executable, "-c", PLAIN_RUNNER, json.dumps(list(by_lesson.values())),
+                           str(max(1, min(2, os.cpu_count() or 1)))], cwd=tree, env=_plain_env(mirror),
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    codes = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = {}
+    for index, param in enumerate(PLAIN):
+        notebook, target = param.values[:2]
+        key = str(index)
+        ran = None
+        if key in codes:
+            ran = subprocess.CompletedProcess(commands[(notebook, target)], codes[key],
+                                              (logs / f"{key}.out").read_text(), (logs / f"{key}.err").read_text())
+        runs[(notebook, target)] = commands[(notebook, target)], ran
     return runs
 
 
