@@ -28,7 +28,7 @@ from course_lib.launch import launch_env, torchrun_command
 from course_lib.processes import release, start, stop_tree
 from test_elastic import LAUNCH_TIMEOUT, script_from_notebook
 
-EPOCHS, MAX_STEPS, SNAPSHOT_EVERY = 10, 100, 5  # the cut comes right after a step-5 snapshot; B is back within 2-3 epochs
+EPOCHS, MAX_STEPS, SNAPSHOT_EVERY = 7, 100, 5  # the cut comes right after a step-5 snapshot; B is back within 2-3 epochs, and trains 2 or more of the 7 again
 PG_TIMEOUT = 10  # seconds A's all-reduce waits for the silent host B
 PORT = 29400  # a fresh namespace has every port free
 
