@@ -71,21 +71,21 @@ def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_
         first_pids = eval(started["stdout"].split(" ", 1)[1])
 
         summed = _run(client, "%%px\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\nprint(f'rank {rank}: {t.item()}')")
-        assert "[stdout:0] rank 0: 3.0" in summed["display"] and "[stdout:1] rank 1: 3.0" in summed["display"]
+        assert "[stdout:0] rank 0: 3.0" in summed["display"] and "[stdout:1] rank 1: 3.0" in summed["display"], summed
         env = _run(client, "pool.run('import os; e = {k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", "
                            "\"WORLD_SIZE\", \"LOCAL_WORLD_SIZE\", \"MASTER_ADDR\", \"MASTER_PORT\")}')\n"
                            "print(pool.pull('e'))")
-        assert "'RANK': '0'" in env["stdout"] and "'RANK': '1'" in env["stdout"] and "'WORLD_SIZE': '2'" in env["stdout"]
+        assert "'RANK': '0'" in env["stdout"] and "'RANK': '1'" in env["stdout"] and "'WORLD_SIZE': '2'" in env["stdout"], env
 
         raised = _run(client, "%%px\nif rank == 1:\n    raise ValueError('rank 1 says no')\nprint('rank', rank, 'fine')")
-        assert raised["error"] and "[1:execute]" in raised["stderr"] and "rank 1 says no" in raised["stderr"]
-        assert "[stdout:0] rank 0 fine" in raised["display"]
+        assert raised["error"] and "[1:execute]" in raised["stderr"] and "rank 1 says no" in raised["stderr"], raised
+        assert "[stdout:0] rank 0 fine" in raised["display"], raised
 
         began = time.monotonic()
         skipped = _run(client, "%%px\nif rank == 0:\n    dist.all_reduce(torch.ones(1))\nprint('rank', rank, 'done')")
         assert time.monotonic() - began < 60, "a collective one rank skipped should end with the group's timeout"
-        assert "Rank(s) 0 waited 10s" in skipped["stderr"] and "rank(s) 1 finished the cell" in skipped["stderr"]
-        assert "pool.restart()" in skipped["stderr"]
+        assert "Rank(s) 0 waited 10s" in skipped["stderr"] and "rank(s) 1 finished the cell" in skipped["stderr"], skipped
+        assert "pool.restart()" in skipped["stderr"], skipped
 
         again = _run(client, "pool.restart()\nprint(pool.pids())")
         assert again["error"] is None, again["stderr"]
