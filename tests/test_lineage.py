@@ -272,7 +272,10 @@ while any(queues) or running:
             job = queue.pop(0)
             pid = os.fork()
             if pid == 0:
-                child(job)
+                try:
+                    child(job)
+                finally:  # a child never returns into this loop, whatever failed before its script ran
+                    os._exit(1)
             running[pid] = (id(queue), job["key"], time.monotonic())
     pid, status = os.waitpid(-1, os.WNOHANG)
     if pid:
