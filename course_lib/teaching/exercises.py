@@ -30,15 +30,12 @@ from pathlib import Path
 import nbformat
 
 from ..errors import MarkerError
+from .placeholders import BEGIN, CODE_STUB, END, MARKDOWN_ANSWER
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
 
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-CODE_STUB = ('# YOUR CODE HERE\n'
-             'raise NotImplementedError("replace these two lines with your answer, then run the check below")')
-MARKDOWN_ANSWER = "YOUR ANSWER HERE"
 SCHEMA_VERSION = 3
 _LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (?:BEGIN|END) SOLUTION)\s*$")
 

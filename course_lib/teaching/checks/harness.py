@@ -91,8 +91,8 @@ def call(task: str, fn, *args, **kwargs):
 
 
 def has_placeholder(path: Path) -> bool:
-    """Whether the file still holds the exercise's placeholder line (``exercises.CODE_STUB``) as code."""
-    from ..exercises import CODE_STUB
+    """Whether the file still holds the exercise's placeholder line (``placeholders.CODE_STUB``) as code."""
+    from ..placeholders import CODE_STUB
 
     placeholder = CODE_STUB.splitlines()[-1]
     return any(line.strip() == placeholder for line in Path(path).read_text(errors="replace").splitlines())
