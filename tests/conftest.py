@@ -86,7 +86,9 @@ def ctrl_c_raises():
 #: they left): they run after it, in the serial pass (course_lib/testpasses.py).
 AFTER_THE_LESSONS = ("test_book.py", "test_verify")
 #: Test files whose assertions depend on timings that a second test beside them would stretch (a rendezvous window,
-#: a rejoin in time for the next epoch, a browser's waits): they run in the serial pass too.
+#: a rejoin in time for the next epoch, a browser's waits): they run in the serial pass too. A test of these files
+#: marked ``parallel`` reads no executed lesson and times nothing that a neighbour could stretch past its assertion:
+#: it stays in the parallel pass.
 WITHOUT_NEIGHBOURS = ("test_elastic.py", "test_lost_host.py", "test_browser.py")
 #: Test files that grade submissions: as root, the grader runs them as one unprivileged user and ends every process
 #: of that user when a grading ends, so two gradings at once would end each other's work. One xdist worker runs them.
@@ -147,7 +149,8 @@ def pytest_collection_modifyitems(session, config, items):
     executed (test-output/executed), so that CI does not run every lesson twice. On a worker, the longest groups come
     first (``LONGEST_FIRST``)."""
     for item in items:
-        if item.path.name.startswith(AFTER_THE_LESSONS) or item.path.name in WITHOUT_NEIGHBOURS:
+        serial_file = item.path.name.startswith(AFTER_THE_LESSONS) or item.path.name in WITHOUT_NEIGHBOURS
+        if serial_file and not item.get_closest_marker("parallel"):
             item.add_marker(pytest.mark.serial)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         rank = {group: place for place, group in enumerate(LONGEST_FIRST)}

@@ -95,6 +95,7 @@ def _notebook(path: Path, *sources: str) -> Path:
     return path
 
 
+@pytest.mark.parallel  # a book of its own small lesson, not of the executed lessons
 def test_widgets_become_text_and_a_lesson_that_fails_leaves_the_previous_book(tmp_path):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
@@ -114,6 +115,7 @@ def test_widgets_become_text_and_a_lesson_that_fails_leaves_the_previous_book(tm
     assert "printed by the small lesson" in _text(first.index.parent / "lessons" / "00_small.html")
 
 
+@pytest.mark.parallel
 def test_the_book_runs_a_learners_defaults_unless_fast_and_each_page_says_which(tmp_path):
     lessons = tmp_path / "notebooks"
     lessons.mkdir()
@@ -142,6 +144,7 @@ def test_the_book_runs_a_learners_defaults_unless_fast_and_each_page_says_which(
     assert again.reused == ["00_small"]
 
 
+@pytest.mark.parallel
 def test_only_names_lessons_that_exist(tmp_path):
     with pytest.raises(book.BookError, match="no lesson in .* starts with 42; the lessons are 00_setup"):
         book.build(tmp_path, only=["42"])

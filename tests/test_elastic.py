@@ -50,6 +50,7 @@ def epochs_of(result):
     return [r["epoch"] for r in result.events("epoch")]
 
 
+@pytest.mark.parallel  # one agent, and nothing timed: a neighbour only slows it
 def test_restart_resumes_from_the_newest_checkpoint_and_finishes_every_epoch(train_script, tmp_path):
     # No env here: course_lib.torchrun itself must give each restart round its own rendezvous store.
     result = course_lib.torchrun(train_script, 2, max_restarts=3, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT,
@@ -66,6 +67,7 @@ def test_restart_resumes_from_the_newest_checkpoint_and_finishes_every_epoch(tra
     MyModel().load_state_dict(checkpoint["model"])  # strict: same keys, no `module.` prefix
 
 
+@pytest.mark.parallel
 def test_a_restart_resumes_at_the_snapshot_inside_the_epoch_and_ends_with_the_uninterrupted_weights(train_script,
                                                                                                      tmp_path):
     # rank 1 fails before step 4 of epoch 1 (halfway through 8); snapshots every 3 steps: the restart resumes at 3
@@ -101,6 +103,7 @@ def test_a_snapshot_counts_only_in_the_epoch_it_belongs_to_and_at_the_world_size
     assert script.resume(folder, model, optimizer, "cpu", 0, 2) == (2, 0)
 
 
+@pytest.mark.parallel
 def test_without_restarts_the_failure_ends_the_job_with_the_ranks_traceback(train_script, tmp_path):
     with pytest.raises(LaunchError) as caught:
         course_lib.torchrun(train_script, 2, max_restarts=0, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True,
@@ -111,6 +114,7 @@ def test_without_restarts_the_failure_ends_the_job_with_the_ranks_traceback(trai
     assert epochs_of(caught.value.result) == []
 
 
+@pytest.mark.parallel
 def test_sigkill_while_saving_leaves_the_previous_checkpoint_intact(train_script, tmp_path):
     with pytest.raises(LaunchError) as caught:
         course_lib.torchrun(train_script, 2, max_restarts=0, run_dir=tmp_path, timeout=LAUNCH_TIMEOUT, quiet=True,
@@ -126,6 +130,7 @@ def test_sigkill_while_saving_leaves_the_previous_checkpoint_intact(train_script
     assert checkpoint["epoch"] == 0, "the checkpoint of the previous epoch is still there, whole"
 
 
+@pytest.mark.parallel
 def test_a_corrupt_newest_checkpoint_stops_the_run_with_the_file_and_the_fix(train_script, tmp_path):
     (tmp_path / "checkpoints").mkdir()
     broken = tmp_path / "checkpoints" / "checkpoint-0.pt"
