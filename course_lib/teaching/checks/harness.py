@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ..placeholders import CODE_STUB
+
 
 #: Seconds a check lets a launched script run before stopping it (a hang is reported as a failure).
 LAUNCH_TIMEOUT = 240
@@ -92,8 +94,6 @@ def call(task: str, fn, *args, **kwargs):
 
 def has_placeholder(path: Path) -> bool:
     """Whether the file still holds the exercise's placeholder line (``placeholders.CODE_STUB``) as code."""
-    from ..placeholders import CODE_STUB
-
     placeholder = CODE_STUB.splitlines()[-1]
     return any(line.strip() == placeholder for line in Path(path).read_text(errors="replace").splitlines())
 
