@@ -68,7 +68,8 @@ def _alive(pids):
     return out
 
 
-def test_two_process_launch_streams_ranks_and_returns_metrics(worker, capsys):
+def test_two_process_launch_streams_ranks_and_returns_metrics_and_prints_a_command_that_runs_from_a_shell(worker,
+                                                                                                          capsys):
     result = torchrun(worker, nproc=2)
     out = capsys.readouterr().out
     assert result.ok and result.returncode == 0
@@ -80,6 +81,11 @@ def test_two_process_launch_streams_ranks_and_returns_metrics(worker, capsys):
     assert rank_logs(result.log_folder) == result.outputs
     assert result.metrics == [{"event": "epoch", "epoch": 0, "world": 2, "total": 3.0}]
     assert result.duration > 0
+    printed = out.splitlines()[0].removeprefix("$ ")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(printed, shell=True, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "rank 1/2 sum=3" in done.stdout
 
 
 def test_explicit_run_dir_is_passed_to_the_script(worker, tmp_path):
@@ -89,18 +95,12 @@ def test_explicit_run_dir_is_passed_to_the_script(worker, tmp_path):
     assert course_lib.read_metrics(tmp_path / "elsewhere") == result.metrics
 
 
-def test_printed_command_runs_from_a_shell(worker, capsys, tmp_path):
-    torchrun(worker, nproc=2, quiet=True)
-    printed = capsys.readouterr().out.splitlines()[0].removeprefix("$ ")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    done = subprocess.run(printed, shell=True, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "rank 1/2 sum=3" in done.stdout
-
-
-def test_failing_rank_traceback_is_in_the_error(worker):
+def test_failing_rank_traceback_is_in_the_error_and_streamed_with_one_rank_prefix(worker, capsys):
     with pytest.raises(LaunchError) as err:
-        torchrun(worker, nproc=2, script_args=["--fail-rank", "1"], quiet=True)
+        torchrun(worker, nproc=2, script_args=["--fail-rank", "1"])
+    out = capsys.readouterr().out
+    assert "[rank1]: ValueError: deliberate failure on rank 1" in out
+    assert "[rank1]: [rank1]:" not in out, "torch's own rank prefix is not shown twice"
     message = str(err.value)
     # A rank that raises leaves its gloo group to the interpreter's exit; on a loaded machine that teardown can abort
     # (SIGABRT) after the traceback is written. Either way the error names rank 1 and shows its traceback.
@@ -273,14 +273,6 @@ def test_a_rank_killed_by_a_signal_is_named_before_the_peer_that_crashed_on_its_
     assert message.startswith("Rank 1 (local rank 1) was killed by signal SIGTERM")
     assert "Rank 1's traceback:\nTraceback (most recent call last):\nRuntimeError: Connection closed" in message
     assert "Then: rank 0 exited with code 1." in message
-
-
-def test_a_failing_ranks_traceback_is_streamed_with_one_rank_prefix(worker, capsys):
-    with pytest.raises(LaunchError):
-        torchrun(worker, nproc=2, script_args=["--fail-rank", "1"])
-    out = capsys.readouterr().out
-    assert "[rank1]: ValueError: deliberate failure on rank 1" in out
-    assert "[rank1]: [rank1]:" not in out, "torch's own rank prefix is not shown twice"
 
 
 def test_a_kernel_killed_mid_run_leaves_no_process_of_the_run_and_keeps_its_logs(worker, tmp_path):
