@@ -133,7 +133,7 @@ def pytest_configure(config):
 
 #: The longest groups of the parallel pass, longest first (seconds beside the other worker, on the 2-core machine,
 #: b863a87 with a292f92's moves): the grader's about 1,200, lessons 05 and 06 about 350 and 310, lessons 02 and 09
-#: about 250, lesson 08 and test_launch.py about 180, lesson 03 (both parts now) 170, test_bench.py 150, lesson 04's
+#: about 250, lesson 08 and test_launch.py about 180, lesson 03 (both parts now) 170, test_bench.py 150 (less since its pipeline section is recomputed), lesson 04's
 #: part a 120, lesson 12 100, test_inside_ddp.py 90, test_elastic.py's single-agent tests 80, test_lineage.py 75. A
 #: worker takes the next group when it is done with one, so a long group started last would leave the other idle.
 LONGEST_FIRST = ["grading", "lesson05", "lesson06", "lesson02", "lesson09", "lesson08", "tests/test_launch.py",

@@ -1,7 +1,7 @@
 """The benchmark: one fast run from a shell writes a JSON with every promised figure (no timing asserted). The
-sections made of training launches (scaling, abstraction levels, mixed precision) are recomputed from the reference
-run's recorded launches: the launches themselves are the lessons' scripts, which their notebook tests and the
-lineage tests run, and the shell run's pipeline section launches through the same runner."""
+sections made of training launches (data pipeline, scaling, abstraction levels, mixed precision) are recomputed from
+the reference run's recorded launches: the launches themselves are the lessons' scripts, which their notebook tests
+and the lineage tests run; one launch through the benchmark's runner checks what it keeps of a launch."""
 import json
 import math
 import statistics
@@ -19,8 +19,8 @@ import bench  # noqa: E402
 
 
 REFERENCE = ROOT / "benchmarks" / "results" / "cpu-2core" / "bench.json"
-LIVE = ("pipeline", "launch", "inside_ddp")
-RECOMPUTED = ("scaling", "abstraction", "mixed_precision")  # from the reference run's launches, below
+LIVE = ("launch", "inside_ddp")
+RECOMPUTED = ("pipeline", "scaling", "abstraction", "mixed_precision")  # from the reference run's launches, below
 
 
 def _launches(result: dict) -> int:
@@ -29,7 +29,7 @@ def _launches(result: dict) -> int:
 
 @pytest.fixture(scope="module")
 def abstraction_again(tmp_path_factory):
-    """The scaling, abstraction and mixed-precision sections recomputed by ``bench.run`` from the committed reference
+    """The pipeline, scaling, abstraction and mixed-precision sections recomputed by ``bench.run`` from the committed reference
     run's own launches.
 
     Lessons 06 and 07 and the lineage tests launch the same scripts; launching them again here would only repeat
@@ -75,6 +75,23 @@ def test_the_abstraction_section_is_recomputed_from_the_reference_launches_witho
     assert section["ratio_to_ddp"]["ddp"] == pytest.approx(1.0)
     assert {"accelerate_vs_ddp", "trainer_vs_ddp", "tensor_pipeline_vs_compute_only"} <= {
         name for name, row in result["targets"].items() if row["measured"] is not None}
+
+
+def test_the_runner_launches_a_lessons_script_and_keeps_its_step_times(tmp_path, mirror):
+    """What every section's launches go through: one short launch of lesson 07's script, kept by configuration and
+    round, its step time the median of the chunks between step records (the first chunk is the warm-up)."""
+    bench.course_lib.prepare_mnist(verbose=False)  # as bench.run does before any launch
+    runs = {}
+    runner = bench.Runner(bench.lesson_scripts(tmp_path / "notebooks"), tmp_path, runs, rounds=1)
+    args = ["--model", "mymodel", "--data", "tensors", "--comm", "hook", "--batch-size", "64", "--log-every", "2",
+            "--max-steps", "6"]
+    [key] = runner.measure([("train", 1, args, {})])
+    assert key == bench.Runner.key("train", 1, args, {}) and runner.measure([("train", 1, args, {})]) == [key]
+    [measured] = runs[key]["rounds"]  # measured once: the second call found the round done
+    assert measured["steps"] == 6 and measured["world_size"] == 1 and measured["backend"] == "gloo"
+    assert len(measured["chunk_step_s"]) == 2 and measured["step_s"] == statistics.median(measured["chunk_step_s"]) > 0
+    assert measured["val_count"] == 10_000 and 0 <= measured["val_acc"] <= 1 and measured["wall_s"] > 0
+    assert (tmp_path / "launches" / "000" / "logs").is_dir()
 
 
 def test_bench_writes_every_figure_as_a_positive_number(fast_run):
