@@ -29,8 +29,8 @@ def _launches(result: dict) -> int:
 
 @pytest.fixture(scope="module")
 def abstraction_again(tmp_path_factory):
-    """The pipeline, scaling, abstraction and mixed-precision sections recomputed by ``bench.run`` from the committed reference
-    run's own launches.
+    """The pipeline, scaling, abstraction and mixed-precision sections recomputed by ``bench.run`` from the committed
+    reference run's own launches.
 
     Lessons 06 and 07 and the lineage tests launch the same scripts; launching them again here would only repeat
     those launches. What is the benchmark's own (the launch configurations, the step times, the ratios and their

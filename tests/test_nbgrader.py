@@ -10,8 +10,8 @@ The solutions and the untouched releases run top to bottom under nbgrader for th
 for every lesson with ``COURSE_NBGRADER_ALL=1`` set: that full run (about 8 minutes on 2 cores) is the command to
 run when an exercise or a check changes; it stays out of CI's time budget. An untouched release costs a kernel that
 imports torch and the checks, then says "not attempted" at every check without launching anything; every release
-is generated, and compared with the committed one, in every run. The solutions of lessons 03, 04, 06 and 10-12 pass in every run
-through the course's checks too (``tests/test_grading.py``, ``tests/test_checks_lessonNN.py``).
+is generated, and compared with the committed one, in every run. The solutions of lessons 03, 04, 06 and 10-12 pass
+in every run through the course's checks too (``tests/test_grading.py``, ``tests/test_checks_lessonNN.py``).
 """
 import json
 import os
@@ -36,7 +36,6 @@ ALL_ENV = "COURSE_NBGRADER_ALL"
 SOLVED_IN_EVERY_RUN = ("00_setup", "01_collectives", "08_inside_ddp")
 SOLVED = [lesson for lesson in LESSONS
           if os.environ.get(ALL_ENV, "") not in ("", "0") or lesson in SOLVED_IN_EVERY_RUN]
-UNTOUCHED = SOLVED  # the releases autograded: those of the same lessons
 PARTIAL = "partial"  # lesson 00's release with task 00.2 answered, and nothing else
 FORGED = "forged"  # lesson 00's release with test_grading's forgery in task 00.2's cell
 
@@ -69,7 +68,7 @@ def course(tmp_path_factory):
     nbgrader(folder, "generate_assignment", "*", "--force")
     for lesson, solution in zip(LESSONS, SOLUTIONS):
         for student, source in zip(STUDENTS, (folder / "source", folder / "release")):
-            if lesson not in (SOLVED if student == "solution" else UNTOUCHED):
+            if lesson not in SOLVED:  # a solution and its release, or neither
                 continue
             target = folder / "submitted" / student / lesson
             target.mkdir(parents=True)
@@ -129,7 +128,7 @@ def test_autograde_gives_the_solution_full_marks_with_no_cell_failing(course, le
 
 
 @pytest.mark.notebook
-@pytest.mark.parametrize("lesson", UNTOUCHED)
+@pytest.mark.parametrize("lesson", SOLVED)
 def test_autograde_gives_the_untouched_release_zero_first_failing_at_a_placeholder(course, lesson):
     got = scores(course, lesson, "untouched")
     assert got and set(got.values()) == {0.0}, f"the untouched release of {lesson} earned points: {got}"
