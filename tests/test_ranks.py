@@ -1,11 +1,15 @@
 """The pool of interactive ranks, in a real Jupyter kernel: %%px collectives, failures, restart, the cell timeout, and a kernel
-killed with SIGKILL leaving no process of the pool behind (lesson 01 stops its pool, which checks that none is left)."""
+killed with SIGKILL leaving no process of the pool behind (lesson 01 stops its pool, which checks that none is left);
+and lesson 08c's 2-second cases on a pool whose ranks start DDP seconds apart."""
+import json
 import time
 
 import psutil
 import pytest
 
 from course_lib.cluster.ranks import timeout_note
+
+from notebook_runner import ROOT
 
 
 class _Composite(Exception):
@@ -125,6 +129,58 @@ def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_
     finally:
         client.stop_channels()
         manager.cleanup_resources()
+
+
+#: On rank 0 only, importing torch._dynamo takes 3 s longer: a process's first DDP constructor imports it before its
+#: first collective, and on a busy machine one rank's import can end seconds after the other's.
+SLOW_DYNAMO_ON_RANK_0 = '''%%px
+import sys
+import time
+
+
+class SlowDynamo:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch._dynamo" and rank == 0:
+            time.sleep(3)
+        return None  # the import itself goes on as usual
+
+
+dynamo_was_imported = "torch._dynamo" in sys.modules
+sys.meta_path.insert(0, SlowDynamo())
+'''
+
+
+@pytest.mark.notebook
+def test_08cs_ddp_cases_hold_when_one_ranks_first_ddp_is_seconds_late(tmp_path):
+    """Section 11's groups give up after 2 s. With rank 0's first DDP 3 s slower than rank 1's, the Join cell still
+    shows what it teaches: without Join only rank 0's fifth step times out; with Join every rank trains all its
+    batches. (Its DDP constructors failing at their first collective is how this cell broke on a busy machine.)"""
+    from jupyter_client import KernelManager
+
+    cells = {c.get("id"): "".join(c["source"]) for c in json.loads(
+        (ROOT / "notebooks" / "08c_ddp_hangs_and_mnist.ipynb").read_text())["cells"]}
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(tmp_path), env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        for code in ("import course_lib\npool = course_lib.start_ranks(2)", SLOW_DYNAMO_ON_RANK_0,
+                     cells["l08-diverge-groups"], cells["l08-diverge-join"]):
+            ran = _run(client, code, timeout=180)
+            assert ran["error"] is None, ran["stderr"][-3000:]
+        pulled = _run(client, "import json\nprint(json.dumps([pool.pull('dynamo_was_imported'), "
+                              "pool.pull('uneven_cases')]))")
+        assert pulled["error"] is None, pulled["stderr"][-3000:]
+        imported, cases = json.loads(pulled["stdout"])
+        assert imported == [False, False], "the pool imported torch._dynamo already: the slow import would not matter"
+        without, joined = [ranks[0] for ranks in cases], [ranks[1] for ranks in cases]
+        assert [c["steps"] for c in without] == [4, 4] and "Timed out" in without[0]["error"], without
+        assert without[1]["error"] is None, without
+        assert [c["steps"] for c in joined] == [5, 4] and [c["error"] for c in joined] == [None, None], joined
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)  # the pool's processes end with their kernel (tests/test_ranks.py)
 
 
 @pytest.mark.gpu
