@@ -1,7 +1,9 @@
 """The pool of interactive ranks, in a real Jupyter kernel: %%px collectives, failures, restart, the cell timeout, and a kernel
 killed with SIGKILL leaving no process of the pool behind (lesson 01 stops its pool, which checks that none is left);
 and lesson 08c's 2-second cases on a pool whose ranks start DDP seconds apart."""
+import contextlib
 import json
+import os
 import time
 
 import psutil
@@ -59,16 +61,30 @@ def _run(client, code: str, timeout: float = 120) -> dict:
     raise TimeoutError(f"the kernel did not finish {code!r} within {timeout}s")
 
 
-@pytest.mark.notebook
-def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_with_its_kernel(tmp_path):
+@contextlib.contextmanager
+def _kernel(cwd):
+    """A ready Python kernel in ``cwd`` (one thread per process): its manager and client. Afterwards the kernel is
+    shut down if it still runs, and a pool it started ends with it."""
     from jupyter_client import KernelManager
 
     manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(tmp_path), env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    manager.start_kernel(cwd=str(cwd), env={**os.environ, "OMP_NUM_THREADS": "1"})
     client = manager.client()
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)
+        yield manager, client
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
+        else:
+            manager.cleanup_resources()
+
+
+@pytest.mark.notebook
+def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_with_its_kernel(tmp_path):
+    with _kernel(tmp_path) as (manager, client):
         started = _run(client, "import course_lib\npool = course_lib.start_ranks(2)\nprint(pool.backend, pool.pids())")
         assert started["error"] is None, started["stderr"]
         assert "2 ranks in one process group" in started["display"]
@@ -126,9 +142,6 @@ def test_a_pool_in_a_kernel_runs_collectives_reports_failures_restarts_and_dies_
         while _alive(second_pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _alive(second_pids) == [], "processes of the pool survived the kernel"
-    finally:
-        client.stop_channels()
-        manager.cleanup_resources()
 
 
 #: On rank 0 only, importing torch._dynamo takes 3 s longer: a process's first DDP constructor imports it before its
@@ -155,16 +168,9 @@ def test_08cs_ddp_cases_hold_when_one_ranks_first_ddp_is_seconds_late(tmp_path):
     """Section 11's groups give up after 2 s. With rank 0's first DDP 3 s slower than rank 1's, the Join cell still
     shows what it teaches: without Join only rank 0's fifth step times out; with Join every rank trains all its
     batches. (Its DDP constructors failing at their first collective is how this cell broke on a busy machine.)"""
-    from jupyter_client import KernelManager
-
     cells = {c.get("id"): "".join(c["source"]) for c in json.loads(
         (ROOT / "notebooks" / "08c_ddp_hangs_and_mnist.ipynb").read_text())["cells"]}
-    manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(tmp_path), env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
+    with _kernel(tmp_path) as (_, client):
         for code in ("import course_lib\npool = course_lib.start_ranks(2)", SLOW_DYNAMO_ON_RANK_0,
                      cells["l08-diverge-groups"], cells["l08-diverge-join"]):
             ran = _run(client, code, timeout=180)
@@ -178,9 +184,6 @@ def test_08cs_ddp_cases_hold_when_one_ranks_first_ddp_is_seconds_late(tmp_path):
         assert [c["steps"] for c in without] == [4, 4] and "Timed out" in without[0]["error"], without
         assert without[1]["error"] is None, without
         assert [c["steps"] for c in joined] == [5, 4] and [c["error"] for c in joined] == [None, None], joined
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)  # the pool's processes end with their kernel (tests/test_ranks.py)
 
 
 @pytest.mark.gpu
