@@ -9,11 +9,13 @@ traceback; Stop (KeyboardInterrupt) or a timeout ends every process of the run.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -74,6 +76,7 @@ class RunResult:
     launcher_output: str = ""
     metrics: list[dict] = field(default_factory=list)
     log_folder: Path | None = None  # this launch's own folder of per-rank logs, inside ``spec.log_dir``
+    reused_from: Path | None = None  # not launched: the folder whose identical finished launch was copied (``reuse=``)
 
     @property
     def ok(self) -> bool:
@@ -95,8 +98,9 @@ class RunResult:
         return [m for m in self.metrics if m.get("event") == event]
 
     def __repr__(self) -> str:
+        reused = "" if self.reused_from is None else f", reused_from='{self.reused_from}'"
         return (f"RunResult(returncode={self.returncode}, duration={self.duration:.1f}s, "
-                f"ranks={sorted(self.outputs)}, metrics={len(self.metrics)} records, run_dir='{self.run_dir}')")
+                f"ranks={sorted(self.outputs)}, metrics={len(self.metrics)} records, run_dir='{self.run_dir}'{reused})")
 
 
 def free_port() -> int:
@@ -209,7 +213,7 @@ def default_run_dir(script: Path, run_dir=None) -> Path:
 
 def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restarts=0, timeout=None,
              run_dir=None, backend=None, quiet=False, check=True, extra_args=(), progress=False,
-             epochs=None) -> RunResult:
+             epochs=None, reuse=None) -> RunResult:
     """Run ``script`` under torchrun on ``nproc`` processes (default: one per GPU, else 2).
 
     ``run_dir``: where the run's metrics/logs go; given explicitly, it is also passed to the script as
@@ -217,6 +221,8 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
     the progress line. ``env``: added to the environment and printed with the command. ``backend="nccl"``
     checks there are enough GPUs first. ``check=False`` returns a failed result instead of raising.
     ``progress=True`` shows one compact line per epoch (from the run's metrics) instead of every rank's output.
+    ``reuse``: a run folder; if the same launch finished there (``launch_fingerprint``), its results are copied into
+    ``run_dir`` instead of launching again.
     """
     script, nproc = check_script(script), resolve_nproc(nproc)
     if backend is not None:
@@ -227,7 +233,10 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
     spec = LaunchSpec(argv, folder, launch_environment(nproc, max_restarts, env),
                       log_dir=folder / "logs", nproc=nproc, nnodes=str(nnodes), max_restarts=max_restarts,
                       epochs=epochs)
-    return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress)
+    fingerprint = launch_fingerprint("torchrun", script, nproc=nproc, nnodes=str(nnodes), script_args=script_args,
+                                     epochs=epochs, env=spec.env, max_restarts=max_restarts, extra_args=extra_args)
+    return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress, fingerprint=fingerprint,
+                       reuse=reuse)
 
 
 def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
@@ -258,11 +267,12 @@ def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no",
 
 def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
                       cpu=None, env=None, timeout=None, run_dir=None, quiet=False, check=True,
-                      progress=False, epochs=None) -> RunResult:
+                      progress=False, epochs=None, reuse=None) -> RunResult:
     """Run ``script`` with ``accelerate launch``; ``cpu`` (default: fewer GPUs than processes) adds ACCELERATE_USE_CPU=1.
 
     That is the launcher's own choice (``accelerate launch --multi_gpu`` on CPU needs it), printed with the
-    command; ``torchrun(...)`` adds nothing of the kind: there a script asks for CPU itself.
+    command; ``torchrun(...)`` adds nothing of the kind: there a script asks for CPU itself. ``reuse``: as in
+    ``torchrun``.
     """
     script, nproc = check_script(script), resolve_nproc(nproc)
     folder = default_run_dir(script, run_dir)
@@ -271,30 +281,127 @@ def accelerate_launch(script, nproc=None, script_args=(), mixed_precision="no", 
     use_cpu = gpu_count() < nproc if cpu is None else cpu
     spec = LaunchSpec(argv, folder, launch_environment(nproc, env=env, accelerate_cpu=use_cpu), log_dir=folder / "logs",
                       nproc=nproc, epochs=epochs)
-    return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress)
+    config = None if config_file is None else hashlib.sha256(Path(config_file).read_bytes()).hexdigest()
+    fingerprint = launch_fingerprint("accelerate launch", script, nproc=nproc, script_args=script_args, epochs=epochs,
+                                     env=spec.env, mixed_precision=mixed_precision, config_file=config)
+    return run_command(spec, timeout=timeout, quiet=quiet, check=check, progress=progress, fingerprint=fingerprint,
+                       reuse=reuse)
+
+
+# --- the same launch again: reuse -----------------------------------------------------------
+
+#: What a launch that ended with exit code 0 leaves beside its metrics: its fingerprint and what it printed.
+LAUNCH_RECORD = "launch.json"
+_LOCAL_IMPORT = re.compile(r"^(?:from|import)\s+(\w+)", re.M)
+
+
+def _sha256(paths) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def launch_fingerprint(launcher: str, script, **settings) -> dict:
+    """Everything that decides what a launch computes, as JSON: the launcher and its settings (process count,
+    script arguments, the environment it adds), the text of the script and of the modules beside it that it
+    imports, and the text of course_lib, which every script imports. Two launches with equal fingerprints train
+    the same way; only their timings differ."""
+    script = Path(script)
+    text = script.read_text()
+    beside = sorted({script.parent / f"{name}.py" for name in _LOCAL_IMPORT.findall(text)
+                     if (script.parent / f"{name}.py").is_file()} - {script})
+    package = sorted(Path(__file__).resolve().parent.rglob("*.py"))
+    settings = {k: [str(a) for a in v] if isinstance(v, (list, tuple)) else v for k, v in settings.items()}
+    return json.loads(json.dumps({"launcher": launcher, "script": script.name, "script_sha256": _sha256([script]),
+                                  "modules_sha256": _sha256(beside), "course_lib_sha256": _sha256(package),
+                                  **settings}, default=str))
+
+
+def _reused(spec: LaunchSpec, source, fingerprint: dict, quiet: bool) -> RunResult | None:
+    """The result of ``source``'s finished launch, copied into ``spec.run_dir``, if it is this same launch."""
+    source = Path(source)
+    record_file = source / LAUNCH_RECORD
+    if not record_file.is_file():
+        print(f"(reuse: no finished launch in {source}; launching)", flush=True)
+        return None
+    record = json.loads(record_file.read_text())
+    differ = sorted(k for k in set(fingerprint) | set(record["fingerprint"])
+                    if fingerprint.get(k) != record["fingerprint"].get(k))
+    if differ:
+        print(f"(reuse: {source} holds another launch, its {', '.join(differ)} differ; launching)", flush=True)
+        return None
+    if source.resolve() != spec.run_dir.resolve():
+        _copy_run(source, spec.run_dir)
+    minutes = (time.time() - record["finished"]) / 60
+    print(f"$ {spec.command_line}\nNot launched: {source} holds this same launch (script, its modules, course_lib, "
+          f"arguments, processes and environment), finished {minutes:.0f} min ago in {record['duration']:.0f} s; its "
+          f"folder is copied to {spec.run_dir}. Leave out reuse= to train again.", flush=True)
+    if not quiet:
+        for line in record["transcript"]:
+            print(shown_text(line + "\n"), end="")
+    log_folder = None if record["log_folder"] is None else spec.run_dir / record["log_folder"]
+    return RunResult(spec, 0, record["duration"], {int(k): v for k, v in record["outputs"].items()},
+                     record["launcher_output"], read_metrics(spec.run_dir), log_folder, reused_from=source)
+
+
+def _copy_run(source: Path, target: Path) -> None:
+    """What ``source``'s launch left (metrics, checkpoints, states, logs), in place of the same entries of ``target``:
+    a fresh launch starts its states afresh too, and a stale one left beside them would be resumed from. Scripts
+    (a launch run in its script's folder) are not copied."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        if entry.suffix == ".py" or entry.name == "__pycache__":
+            continue
+        there = target / entry.name
+        if there.is_dir() and not there.is_symlink():
+            shutil.rmtree(there)
+        elif there.exists() or there.is_symlink():
+            there.unlink()
+        (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, there)
+
+
+def _write_record(result: RunResult, fingerprint: dict, transcript: list[str]) -> None:
+    folder = result.run_dir
+    log_folder = None
+    if result.log_folder is not None and result.log_folder.resolve().is_relative_to(folder.resolve()):
+        log_folder = result.log_folder.resolve().relative_to(folder.resolve()).as_posix()
+    record = {"fingerprint": fingerprint, "duration": result.duration, "finished": time.time(),
+              "outputs": result.outputs, "launcher_output": result.launcher_output, "transcript": transcript,
+              "log_folder": log_folder}
+    temporary = folder / f"{LAUNCH_RECORD}.tmp"
+    temporary.write_text(json.dumps(record))
+    os.replace(temporary, folder / LAUNCH_RECORD)
 
 
 # --- running, streaming, stopping -------------------------------------------------------------
 
 
 def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=True, shown_env=None,
-                progress=False, log_dir=None) -> RunResult:
+                progress=False, log_dir=None, fingerprint=None, reuse=None) -> RunResult:
     """Run a launch (a ``LaunchSpec``), streaming its output; the shared engine of ``torchrun`` and friends.
 
     ``cmd`` may also be a command list built by hand, with its ``run_dir``, ``shown_env`` (variables it
     needs, applied and printed in front of it) and ``log_dir`` (its ``--log-dir``, to read each rank's
     output back). ``env``: the whole environment to start from (default: ours). ``progress``: False streams
     every line; True prints one compact line per epoch (``course_lib.ui.progress.EpochProgress``); any object
-    with that class's ``start/line/poll/close`` methods (the launch panel) gets the run live.
+    with that class's ``start/line/poll/close`` methods (the launch panel) gets the run live. ``fingerprint``
+    (``launch_fingerprint``): recorded in ``run_dir`` if the launch ends with exit code 0; ``reuse``: a folder
+    whose recorded launch has this fingerprint is copied into ``run_dir`` instead of launching.
     """
     from .ui.progress import make_watcher
 
     spec = cmd if isinstance(cmd, LaunchSpec) else LaunchSpec(
         [str(a) for a in cmd], Path(run_dir), {k: str(v) for k, v in (shown_env or {}).items()},
         log_dir=None if log_dir is None else Path(log_dir))
+    if reuse is not None and fingerprint is not None:
+        reused = _reused(spec, reuse, fingerprint, quiet)
+        if reused is not None:
+            return reused
     watcher = make_watcher(progress, spec)
     spec.run_dir.mkdir(parents=True, exist_ok=True)
     (spec.run_dir / METRICS_FILE).unlink(missing_ok=True)  # metrics.jsonl belongs to this launch only
+    (spec.run_dir / LAUNCH_RECORD).unlink(missing_ok=True)  # and so does the record of a finished launch
     earlier_logs = _log_folders(spec.log_dir)
     print(f"$ {spec.command_line}", flush=True)
     start_time = time.monotonic()
@@ -304,6 +411,7 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
         watcher.start(proc, spec.command_line)
     streamed: dict[int, list[str]] = {}
     launcher: list[str] = []
+    transcript: list[str] = []  # every line as the cell showed it, in order, for a later reuse
 
     def take(line: str, echo: bool = True) -> None:
         text = line.rstrip("\n")
@@ -313,6 +421,7 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
             text = text[len(f"[rank{rank}]:"):].lstrip(" ")
             line = f"[rank{rank}]: {text}\n"
         streamed.setdefault(rank, []).append(text) if match else launcher.append(text)
+        transcript.append(line.rstrip("\n"))
         if watcher:
             watcher.line(rank, text)
         elif echo and not quiet:
@@ -357,6 +466,8 @@ def run_command(cmd, run_dir=None, env=None, timeout=None, quiet=False, check=Tr
         outputs = {**outputs, **rank_logs(folder)}
     result = RunResult(spec, proc.returncode, time.monotonic() - start_time, dict(sorted(outputs.items())),
                        "\n".join(launcher), read_metrics(spec.run_dir), folder)
+    if fingerprint is not None and not stopped and result.returncode == 0:
+        _write_record(result, fingerprint, transcript)
     if watcher:
         watcher.close(result)
     if stopped == "interrupt":

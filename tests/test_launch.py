@@ -14,7 +14,7 @@ import pytest
 import course_lib
 from course_lib import LaunchError, LaunchTimeout, torchrun
 from course_lib.devices import LaunchConfigError
-from course_lib.launch import LaunchSpec, launch_environment, rank_logs
+from course_lib.launch import LAUNCH_RECORD, LaunchSpec, launch_environment, launch_fingerprint, rank_logs
 
 WORKER = """
 import argparse, os, signal, sys, time
@@ -306,3 +306,52 @@ def test_a_kernel_killed_mid_run_leaves_no_process_of_the_run_and_keeps_its_logs
     finally:
         client.stop_channels()
         manager.cleanup_resources()
+
+
+def test_reuse_copies_the_same_finished_launch_instead_of_launching_and_launches_any_other(worker, tmp_path, capsys):
+    pids, first_dir = tmp_path / "pids", tmp_path / "first"
+    pids.mkdir()
+    first = torchrun(worker, nproc=2, run_dir=first_dir, script_args=["--pid-dir", pids])
+    assert sorted(p.name for p in pids.iterdir()) == ["0.pid", "1.pid"]
+    (first_dir / "checkpoints").mkdir()
+    (first_dir / "checkpoints" / "checkpoint-0.pt").write_bytes(b"weights")  # what a training run leaves
+    for pid in pids.iterdir():
+        pid.unlink()
+    (tmp_path / "again" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "again" / "checkpoints" / "checkpoint-1.pt").write_bytes(b"stale")  # left by an earlier resume
+    capsys.readouterr()
+
+    again = torchrun(worker, nproc=2, run_dir=tmp_path / "again", script_args=["--pid-dir", pids], reuse=first_dir)
+    out = capsys.readouterr().out
+    assert list(pids.iterdir()) == [], "no process was started"
+    assert again.reused_from == first_dir and again.ok
+    assert (again.metrics, again.outputs, again.duration) == (first.metrics, first.outputs, first.duration)
+    assert [p.name for p in (tmp_path / "again" / "checkpoints").iterdir()] == ["checkpoint-0.pt"]
+    assert (tmp_path / "again" / "checkpoints" / "checkpoint-0.pt").read_bytes() == b"weights"
+    assert course_lib.read_metrics(tmp_path / "again") == first.metrics
+    assert "Not launched" in out and "[rank0]: rank 0/2 sum=3" in out, out  # the launch's lines, shown again
+
+    other = torchrun(worker, nproc=3, run_dir=tmp_path / "other", script_args=["--pid-dir", pids], reuse=first_dir,
+                     quiet=True)
+    assert other.reused_from is None and len(list(pids.iterdir())) == 3
+    assert "its nproc differ; launching" in capsys.readouterr().out
+
+    failed = torchrun(worker, nproc=2, run_dir=first_dir, script_args=["--fail-rank", "1"], check=False, quiet=True)
+    assert not failed.ok and not (first_dir / LAUNCH_RECORD).exists(), "a failed launch leaves nothing to reuse"
+
+
+def test_a_launchs_fingerprint_changes_with_its_script_its_modules_and_its_settings(tmp_path):
+    script, module = tmp_path / "train.py", tmp_path / "plans.py"
+    script.write_text("from plans import plan\nimport torch\n")
+    module.write_text("plan = 1\n")
+    before = launch_fingerprint("torchrun", script, nproc=2, script_args=["--epochs", 1])
+    assert before == launch_fingerprint("torchrun", script, nproc=2, script_args=["--epochs", "1"])
+    assert before != launch_fingerprint("torchrun", script, nproc=2, script_args=["--epochs", 2])
+    assert before != launch_fingerprint("accelerate launch", script, nproc=2, script_args=["--epochs", 1])
+    module.write_text("plan = 2\n")
+    changed_module = launch_fingerprint("torchrun", script, nproc=2, script_args=["--epochs", 1])
+    assert changed_module["modules_sha256"] != before["modules_sha256"]
+    assert changed_module["script_sha256"] == before["script_sha256"]
+    script.write_text("from plans import plan\nimport torch  # edited\n")
+    assert launch_fingerprint("torchrun", script, nproc=2, script_args=["--epochs", 1])["script_sha256"] != \
+        before["script_sha256"]
