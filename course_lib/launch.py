@@ -239,6 +239,21 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
                        reuse=reuse)
 
 
+RANKRUN = Path(__file__).with_name("rankrun.py")  # a launcher of one node's ranks without torchrun's agent
+
+
+def launch_ranks(script, nproc=2, script_args=(), env=None, timeout=None, quiet=False, check=True) -> RunResult:
+    """Run ``script`` on ``nproc`` ranks started by ``course_lib/rankrun.py``: the variables torchrun gives each rank
+    and its ``[rankN]: `` lines, without the agent process that imports torch first (about 3 s of a core per launch).
+
+    For the exercise checks' own harness; a lesson's scripts are launched with ``torchrun``, as the lessons teach.
+    """
+    script, nproc = check_script(script), resolve_nproc(nproc)
+    argv = [sys.executable, str(RANKRUN), "--nproc", str(nproc), str(script), *script_arguments(script_args)]
+    spec = LaunchSpec(argv, default_run_dir(script), launch_environment(nproc, 0, env), nproc=nproc)
+    return run_command(spec, timeout=timeout, quiet=quiet, check=check)
+
+
 def accelerate_command(script, nproc=None, script_args=(), mixed_precision="no", config_file=None,
                        log_dir=None, port=None) -> list[str]:
     """``accelerate launch`` with the seed's flags (or a config file), one process per rank.

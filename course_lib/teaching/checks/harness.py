@@ -99,12 +99,14 @@ def has_placeholder(path: Path) -> bool:
 
 
 def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: float = LAUNCH_TIMEOUT,
-            max_restarts: int = 0, env: dict | None = None, allow_failure: bool = False):
+            max_restarts: int = 0, env: dict | None = None, allow_failure: bool = False, agent: bool = True):
     """Run ``script`` with torchrun; a missing script, a hang or a failing rank becomes a clear CheckFailed.
 
     ``allow_failure``: a failing run is returned (unless it failed on the exercise's NotImplementedError).
+    ``agent=False`` starts the ranks without torchrun's agent (``course_lib.launch.launch_ranks``): for the check's
+    own harness, which needs no restarts; a learner's script is launched with torchrun, as the lessons launch it.
     """
-    from course_lib.launch import LaunchTimeout, failure_message, torchrun
+    from course_lib.launch import LaunchTimeout, failure_message, launch_ranks, torchrun
 
     script = Path(script)
     if not script.is_file():
@@ -114,8 +116,11 @@ def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: fl
         raise not_attempted(task, f"the script {script}")  # known without launching it
     print(f"Launching {script} on {nproc} process{'es' if nproc != 1 else ''}:")
     try:
-        result = torchrun(script, nproc=nproc, script_args=script_args, timeout=timeout, check=False,
-                          max_restarts=max_restarts, env=env)
+        if agent or max_restarts:
+            result = torchrun(script, nproc=nproc, script_args=script_args, timeout=timeout, check=False,
+                              max_restarts=max_restarts, env=env)
+        else:
+            result = launch_ranks(script, nproc=nproc, script_args=script_args, timeout=timeout, check=False, env=env)
     except LaunchTimeout:
         raise CheckFailed(
             f"Task {task}: {script} did not finish within {timeout:.0f}s on {nproc} processes and was stopped. "
@@ -236,7 +241,7 @@ class InputServer:
 HARNESS = '''\
 """Written by course_lib.teaching.checks for task {task}: runs your code in {learner} on every rank.
 
-The check launches it (torchrun, {nproc} processes) and gives each rank its inputs over 127.0.0.1:{port}, once;
+The check launches it ({nproc} processes) and gives each rank its inputs over 127.0.0.1:{port}, once;
 it does not run on its own.
 """
 import os  # os and sys are loaded before any script runs: no file beside this one can stand in for them
@@ -342,7 +347,7 @@ def run_harness(task: str, learner_script, body: str, nproc: int = 2, inputs: li
                           body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "))
     harness.write_text(text)
     try:
-        result = launch_script(task, harness, nproc=nproc)
+        result = launch_script(task, harness, nproc=nproc, agent=False)
     finally:
         server.close()
     if server.refused:
