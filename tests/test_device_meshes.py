@@ -1,5 +1,5 @@
 """Lesson 12's module (runs/12_device_meshes/meshes.py, read from the notebook's cell, with lesson 10's megatron.py
-and plans.py and lesson 11's pipeline.py beside it) under torchrun, on batches of random images rather than MNIST.
+and plans.py and lesson 11's pipeline.py beside it) on ranks started by course_lib/rankrun.py, on batches of random images rather than MNIST.
 
 4 processes: shard_2d on a 2 x 2 mesh (dp x tp) gives one process's gradients and, over a few SGD steps, its
 parameters, each rank holding about a quarter of them; ring_attention over the 4 ranks and, through ``group=``, over
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.launch import RANKRUN
 from course_lib.scripts import script_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,11 +144,11 @@ def _launch(program: str, nproc: int, folder: Path) -> list[dict]:
     for module, script in SCRIPTS.items():
         (folder / f"{module}.py").write_text(script_source(script))
     (folder / "program.py").write_text(program)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
                            str(nproc), str(folder / "program.py"), str(folder)],
                           capture_output=True, text=True, timeout=300, cwd=folder,
                           env={**ENV, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])})
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return [json.loads((folder / f"found-{rank}.json").read_text()) for rank in range(nproc)]
 
 

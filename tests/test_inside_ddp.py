@@ -1,6 +1,6 @@
 """Lesson 08's hand-written DDPs (the scripts 08a writes) beyond what the lesson runs: a parameter that gets no
 gradient in some backward() (a branch skipped on some steps or on one rank), and a model wrapped twice, on 2 gloo
-processes under torchrun. What the lesson's own cells find on every rank is checked from the run itself (the ranks'
+processes (started by course_lib/rankrun.py). What the lesson's own cells find on every rank is checked from the run itself (the ranks'
 file each part saves, read by course_lib/teaching/claims/lesson08a.py, 08b and 08c)."""
 import json
 import os
@@ -10,13 +10,14 @@ import textwrap
 
 import pytest
 
+from course_lib.launch import RANKRUN
 from course_lib.scripts import script_source
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
 
 
-# The hand-written DDPs where a parameter gets no gradient in some backward(), on 2 gloo processes under torchrun: a
+# The hand-written DDPs where a parameter gets no gradient in some backward(), on 2 gloo processes: a
 # branch skipped on some steps (on every rank) or on one rank only, with zero_grad(set_to_none=False) (a skipped
 # parameter holds a zero .grad) or set_to_none=True (its .grad is None); and a model wrapped twice (a cell run again).
 # One launch runs the cases given as JSON [[case, wrapper, "none" or "zero"], ...] one after the other, each rank
@@ -102,7 +103,7 @@ BRANCH_PROGRAM = textwrap.dedent('''
 
     for case, wrapper, to_none in cases:
         outcome = run(case, getattr(module, wrapper), to_none == "none")
-        # Written whole or not at all: torchrun stops a rank still writing when its peer has failed.
+        # Written whole or not at all: the launcher stops a rank still writing when its peer has failed.
         path = os.path.join(folder, f"{case.replace(' ', '_')}-{wrapper}-{to_none == 'none'}-rank{rank}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(outcome, f)
@@ -124,7 +125,7 @@ def _launch(folder, cases):
     """BRANCH_PROGRAM's ``cases`` ((case, wrapper, set_to_none) each) in one launch of 2 processes
     (train_bucketed.py defines all three DDPs)."""
     listed = json.dumps([[case, wrapper, "none" if to_none else "zero"] for case, wrapper, to_none in cases])
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    return subprocess.run([sys.executable, str(RANKRUN), "--nproc", "2",
                            str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), listed],
                           cwd=folder, capture_output=True, text=True, timeout=300, env=ENV)
 
@@ -135,7 +136,7 @@ def _outcomes(folder, case, wrapper, set_to_none, done, must_finish=True):
     for r in range(2):
         path = folder / f"{case.replace(' ', '_')}-{wrapper}-{set_to_none}-rank{r}.json"
         if must_finish:
-            assert path.exists(), f"rank {r} wrote no outcome (exit code {done.returncode}):\n{done.stderr[-3000:]}"
+            assert path.exists(), f"rank {r} wrote no outcome (exit code {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}"
         if path.exists():
             outcomes.append(json.loads(path.read_text()))
     return outcomes
@@ -176,7 +177,7 @@ def test_a_hand_written_ddp_averages_a_sometimes_skipped_branch_or_stops_every_r
     if (case, wrapper, set_to_none) in MISMATCH:
         outcomes, done = _branch_case(bucketed_script, case, wrapper, set_to_none, must_finish=False)
         assert done.returncode != 0, "a collective mismatch went unnoticed"
-        assert "Is there a distributed collective mismatch in your code?" in done.stderr, done.stderr[-3000:]
+        assert "Is there a distributed collective mismatch in your code?" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
         assert all(o["error"] for o in outcomes), outcomes  # the rank that wrote its outcome stopped with an error
         assert all(o["step"] == outcomes[0]["step"] for o in outcomes)
         return

@@ -1,5 +1,5 @@
 """Lesson 11's module (runs/11_pipeline_parallel/pipeline.py, read from the notebook's cell) at 1, 2 and 4 processes
-under torchrun (4 is the most stages RowTransformer(layers=4)'s blocks divide into; the notebook's fast run uses 2).
+(4 is the most stages RowTransformer(layers=4)'s blocks divide into; the notebook's fast run uses 2).
 Each rank trains one step of its stage with both schedules and several numbers of micro-batches, puts the stages'
 state_dicts together and evaluates the 10,000 validation images through the pipeline, then reports; every gradient
 equals one process's to 1e-5, each stage keeps as many micro-batches as the schedule says, the pieces are the whole
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.launch import RANKRUN
 from course_lib.scripts import script_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,11 +202,11 @@ def test_the_pipeline_equals_one_process_keeps_what_its_schedule_says_and_evalua
         nproc, tmp_path, validation):
     (tmp_path / "pipeline.py").write_text(script_source(SCRIPT))
     (tmp_path / "program.py").write_text(PROGRAM)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
                            str(nproc), str(tmp_path / "program.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     found = [json.loads((tmp_path / f"found-{rank}.json").read_text()) for rank in range(nproc)]
     per = 4 // nproc
     for rank, mine in enumerate(found):

@@ -20,13 +20,14 @@ import warnings
 import pytest
 import torch
 
+from course_lib.launch import RANKRUN
 from course_lib.scripts import script_source
 
 SCRIPT = "runs/09_sharding/train_fsdp.py"
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
 ENV["OMP_NUM_THREADS"] = "1"
 
-# The script's model, sharded as its main() shards it; run under torchrun (save) or plain python (load).
+# The script's model, sharded as its main() shards it; run on 2 ranks (save) or plain python (load).
 PROGRAM = textwrap.dedent('''
     import importlib.util, json, os, sys, warnings
     from pathlib import Path
@@ -74,10 +75,10 @@ def saved(tmp_path_factory):
     here = tmp_path_factory.mktemp("sharded-checkpoints")
     (here / "train_fsdp.py").write_text(script_source(SCRIPT))
     (here / "program.py").write_text(PROGRAM)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc", "2",
                            str(here / "program.py"), str(here), "save", str(here / "checkpoints")],
                           cwd=here, capture_output=True, text=True, timeout=300, env=ENV)
-    assert done.returncode == 0, done.stderr[-6000:]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     plain = torch.load(here / "checkpoints" / "checkpoint-3.pt", map_location="cpu", weights_only=True)["model"]
     return here / "checkpoints" / "dcp-3", plain
 

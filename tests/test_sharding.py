@@ -1,4 +1,4 @@
-"""Lesson 09's sharded checkpoints, checked as unit tests under torchrun (not the notebook's pool): the lesson
+"""Lesson 09's sharded checkpoints, checked as unit tests on ranks started by course_lib/rankrun.py (not the notebook's pool): the lesson
 script's ``save_checkpoint`` / ``load_checkpoint``: saved by 2 processes, loaded by 3, the parameters and the momentum come
 back exactly, the plain checkpoint loads into a plain model with ``weights_only=True``. Damaged checkpoints, refused by
 the manifest of checksums: tests/test_sharded_checkpoints.py. GPU variants run the same with NCCL where there are
@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from course_lib.launch import RANKRUN
 from course_lib.scripts import script_source
 
 SCRIPT = "runs/09_sharding/train_fsdp.py"
@@ -95,22 +96,22 @@ ROUND_TRIP = JOIN + textwrap.dedent('''
 ''')
 
 
-def _torchrun(folder, nproc, *args):
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+def _launch(folder, nproc, *args):
+    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
                            str(nproc), *map(str, args)], cwd=folder, capture_output=True, text=True, timeout=300,
                           env=ENV)
-    assert done.returncode == 0, f"{' '.join(map(str, args[1:]))} on {nproc} processes failed:\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{' '.join(map(str, args[1:]))} on {nproc} processes failed:\n{(done.stdout + done.stderr)[-6000:]}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sharded_checkpoint_saved_by_2_processes_resumes_exactly_on_3(backend, tmp_path):
     (tmp_path / "train_fsdp.py").write_text(script_source(SCRIPT))
     (tmp_path / "program.py").write_text(ROUND_TRIP)
-    _torchrun(tmp_path, 2, tmp_path / "program.py", tmp_path, "save", backend)
+    _launch(tmp_path, 2, tmp_path / "program.py", tmp_path, "save", backend)
     files = sorted(p.name for p in (tmp_path / "checkpoints" / "dcp-1").iterdir())
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "manifest.json"], files
     assert not list((tmp_path / "checkpoints").glob("*.tmp")), "a temporary folder or file was left behind"
-    _torchrun(tmp_path, 3, tmp_path / "program.py", tmp_path, "load", backend)
+    _launch(tmp_path, 3, tmp_path / "program.py", tmp_path, "load", backend)
     saved, loaded = (json.loads((tmp_path / f"{p}.json").read_text()) for p in ("save", "load"))
     assert loaded["epoch"] == 1
     assert loaded["loaded"] == saved["params"]  # exactly: the same rows, now cut into 3 shards
@@ -144,5 +145,5 @@ def test_loading_a_folder_without_its_manifest_names_the_fix_before_reading(tmp_
         script.load_checkpoint({str(tmp_path)!r}, None, None)
     ''')], capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode != 0
-    assert "FileNotFoundError" in done.stderr and "not a complete sharded checkpoint" in done.stderr, done.stderr[-2000:]
-    assert "manifest.json" in done.stderr, done.stderr[-2000:]
+    assert "FileNotFoundError" in done.stderr and "not a complete sharded checkpoint" in done.stderr, (done.stdout + done.stderr)[-2000:]
+    assert "manifest.json" in done.stderr, (done.stdout + done.stderr)[-2000:]

@@ -1,5 +1,5 @@
 """Lesson 10's modules (runs/10_tensor_parallel/megatron.py and plans.py, read from the notebook's cells) at the world
-sizes the notebook's fast run does not use: 4 processes under torchrun (the notebook's default; its fast run has 2),
+sizes the notebook's fast run does not use: 4 processes (the notebook's default; its fast run has 2),
 and 1 (the split of nothing must still be the model). Every version equals one process to 1e-5, and sends what the
 lesson's formula says."""
 import json
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from course_lib.launch import RANKRUN
 from course_lib.scripts import script_source
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -63,11 +64,11 @@ def test_the_lessons_splits_equal_one_process_and_send_the_formulas_messages(npr
     for module in ("megatron", "plans"):
         (tmp_path / f"{module}.py").write_text(script_source(f"runs/10_tensor_parallel/{module}.py"))
     (tmp_path / "program.py").write_text(PROGRAM)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
                            str(nproc), str(tmp_path / "program.py"), str(tmp_path / "found.json")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])})
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     found = json.loads((tmp_path / "found.json").read_text())
     layers, activation = 2, 6 * 28 * 64 * 4  # the model's 2 blocks; B x T x d numbers of 4 bytes
     assert found["hand"] < 1e-5, found
