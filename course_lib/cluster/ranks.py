@@ -35,6 +35,7 @@ PG_TIMEOUT = 10  # seconds a collective waits for the ranks that do not call it
 CELL_TIMEOUT = 300  # seconds a %%px cell (or pool.run) may run before its ranks are interrupted; None: no limit
 INTERRUPT_GRACE = 10  # seconds the ranks get to answer an interrupt before the next cell runs anyway
 START_TIMEOUT = 120  # seconds for the engines to start, import torch and join
+POOL_STOP_GRACE = 0.5  # seconds the pool's processes get between SIGTERM and SIGKILL when it stops
 
 _BOOT = """
 import datetime as _datetime, os as _os, socket as _socket
@@ -158,7 +159,9 @@ class RankPool:
             except Exception:  # a client whose controller is already gone
                 pass
         if self.proc is not None:
-            count = stop_tree(self.proc.pid, grace=3.0)
+            # The ranks hold nothing to save: SIGTERM, and SIGKILL half a second later. An engine that exits by
+            # itself takes 1.5-2.5 s (torch's teardown), and its nanny longer: seconds of every stop and restart.
+            count = stop_tree(self.proc.pid, grace=POOL_STOP_GRACE)
             self.proc.wait()
             release(self.proc)
         if self.folder is not None:
