@@ -21,6 +21,7 @@ import psutil
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 GUARD_POLL = 0.5  # seconds between the guard's looks at the process it guards
+KILL_WAIT = 5.0  # seconds ``stop_tree`` waits for the processes it sent SIGKILL (a loaded machine tears them down slowly)
 #: A command put before every command ``start`` runs (its guard excepted). Empty for learners; the grader's worker
 #: sets one that runs what it starts as an unprivileged user (``course_lib.teaching.jail``).
 WRAPPER: list[str] = []
@@ -115,7 +116,7 @@ def stop_tree(pid: int, grace: float = 5.0) -> int:
     _, alive = psutil.wait_procs(family, timeout=grace)
     for proc in alive + [child for parent in alive for child in _children(parent)]:
         _signal(proc, "kill")
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(alive, timeout=max(grace, KILL_WAIT))  # returns as soon as they are gone
     return len(family)
 
 

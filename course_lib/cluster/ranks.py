@@ -35,6 +35,7 @@ PG_TIMEOUT = 10  # seconds a collective waits for the ranks that do not call it
 CELL_TIMEOUT = 300  # seconds a %%px cell (or pool.run) may run before its ranks are interrupted; None: no limit
 INTERRUPT_GRACE = 10  # seconds the ranks get to answer an interrupt before the next cell runs anyway
 START_TIMEOUT = 120  # seconds for the engines to start, import torch and join
+HEARTBEAT_MS, HEARTBEAT_MISSES = 1000, 30  # the controller's heartbeat period and the misses it allows
 POOL_STOP_GRACE = 0.5  # seconds the pool's processes get between SIGTERM and SIGKILL when it stops
 
 _BOOT = """
@@ -84,6 +85,12 @@ class RankPool:
         began = time.monotonic()
         self.folder = Path(tempfile.mkdtemp(prefix="course-ranks-"))
         profile, cluster_id = self.folder / "profile", "ranks"
+        profile.mkdir()
+        # The controller counts an engine as registered once it has answered a heartbeat: at ipyparallel's 3 s
+        # period that took about 5 s of every start. A 1 s period with 30 misses allowed keeps the 30 s an engine
+        # may stay silent (a rank busy on all the cores) before it is dropped.
+        (profile / "ipcontroller_config.py").write_text(
+            f"c.HeartMonitor.period = {HEARTBEAT_MS}\nc.HeartMonitor.max_heartmonitor_misses = {HEARTBEAT_MISSES}\n")
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
         env.pop("RANK", None)
         self.log_path = self.folder / "ipcluster.log"
