@@ -242,6 +242,11 @@ def torchrun(script, nproc=None, nnodes=1, script_args=(), env=None, max_restart
 RANKRUN = Path(__file__).with_name("rankrun.py")  # a launcher of one node's ranks without torchrun's agent
 
 
+def rankrun_command(nproc: int, script, *args) -> list[str]:
+    """The command that runs ``script ARGS`` on ``nproc`` ranks with ``course_lib/rankrun.py``."""
+    return [sys.executable, str(RANKRUN), "--nproc", str(nproc), str(script), *map(str, args)]
+
+
 def launch_ranks(script, nproc=2, script_args=(), env=None, timeout=None, quiet=False, check=True) -> RunResult:
     """Run ``script`` on ``nproc`` ranks started by ``course_lib/rankrun.py``: the variables torchrun gives each rank
     and its ``[rankN]: `` lines, without the agent process that imports torch first (about 3 s of a core per launch).
@@ -249,7 +254,7 @@ def launch_ranks(script, nproc=2, script_args=(), env=None, timeout=None, quiet=
     For the exercise checks' own harness; a lesson's scripts are launched with ``torchrun``, as the lessons teach.
     """
     script, nproc = check_script(script), resolve_nproc(nproc)
-    argv = [sys.executable, str(RANKRUN), "--nproc", str(nproc), str(script), *script_arguments(script_args)]
+    argv = rankrun_command(nproc, script, *script_arguments(script_args))
     spec = LaunchSpec(argv, default_run_dir(script), launch_environment(nproc, 0, env), nproc=nproc)
     return run_command(spec, timeout=timeout, quiet=quiet, check=check)
 

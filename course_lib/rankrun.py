@@ -26,9 +26,9 @@ import time
 GRACE = 5.0  # seconds a stopped rank has to end after SIGTERM before SIGKILL
 
 
-def rank_environment(rank: int, nproc: int, port: int, base: dict | None = None) -> dict[str, str]:
+def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
     """The environment of rank ``rank`` of ``nproc`` on one node, with the store's port ``port``."""
-    env = dict(os.environ if base is None else base)
+    env = dict(os.environ)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                GROUP_RANK="0", GROUP_WORLD_SIZE="1", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc),
                ROLE_NAME="default", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

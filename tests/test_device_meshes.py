@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 from course_lib.scripts import script_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,8 +144,7 @@ def _launch(program: str, nproc: int, folder: Path) -> list[dict]:
     for module, script in SCRIPTS.items():
         (folder / f"{module}.py").write_text(script_source(script))
     (folder / "program.py").write_text(program)
-    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
-                           str(nproc), str(folder / "program.py"), str(folder)],
+    done = subprocess.run(rankrun_command(nproc, folder / "program.py", folder),
                           capture_output=True, text=True, timeout=300, cwd=folder,
                           env={**ENV, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

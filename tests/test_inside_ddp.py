@@ -5,12 +5,11 @@ file each part saves, read by course_lib/teaching/claims/lesson08a.py, 08b and 0
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 from course_lib.scripts import script_source
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -125,8 +124,7 @@ def _launch(folder, cases):
     """BRANCH_PROGRAM's ``cases`` ((case, wrapper, set_to_none) each) in one launch of 2 processes
     (train_bucketed.py defines all three DDPs)."""
     listed = json.dumps([[case, wrapper, "none" if to_none else "zero"] for case, wrapper, to_none in cases])
-    return subprocess.run([sys.executable, str(RANKRUN), "--nproc", "2",
-                           str(folder / "program.py"), str(folder), str(folder / "train_bucketed.py"), listed],
+    return subprocess.run(rankrun_command(2, folder / "program.py", folder, folder / "train_bucketed.py", listed),
                           cwd=folder, capture_output=True, text=True, timeout=300, env=ENV)
 
 

@@ -3,7 +3,7 @@ beyond data parallelism."""
 import torch
 
 from course_lib import MyModel
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 
 
 def test_batch_of_one_keeps_its_batch_dimension():
@@ -124,12 +124,10 @@ def test_pytorchs_tensor_parallel_plan_on_row_transformer_equals_one_process(tmp
     import json
     import os
     import subprocess
-    import sys
 
     (tmp_path / "plan.py").write_text(TP_PLAN)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc", "2",
-                           str(tmp_path / "plan.py"), str(tmp_path / "out.json")], capture_output=True, text=True,
+    done = subprocess.run(rankrun_command(2, tmp_path / "plan.py", tmp_path / "out.json"), capture_output=True, text=True,
                           timeout=180, env={**env, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     found = json.loads((tmp_path / "out.json").read_text())

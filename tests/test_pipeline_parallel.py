@@ -9,12 +9,11 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 from course_lib.scripts import script_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,8 +201,7 @@ def test_the_pipeline_equals_one_process_keeps_what_its_schedule_says_and_evalua
         nproc, tmp_path, validation):
     (tmp_path / "pipeline.py").write_text(script_source(SCRIPT))
     (tmp_path / "program.py").write_text(PROGRAM)
-    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
-                           str(nproc), str(tmp_path / "program.py"), str(tmp_path)],
+    done = subprocess.run(rankrun_command(nproc, tmp_path / "program.py", tmp_path),
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -20,7 +20,7 @@ import warnings
 import pytest
 import torch
 
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 from course_lib.scripts import script_source
 
 SCRIPT = "runs/09_sharding/train_fsdp.py"
@@ -75,8 +75,7 @@ def saved(tmp_path_factory):
     here = tmp_path_factory.mktemp("sharded-checkpoints")
     (here / "train_fsdp.py").write_text(script_source(SCRIPT))
     (here / "program.py").write_text(PROGRAM)
-    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc", "2",
-                           str(here / "program.py"), str(here), "save", str(here / "checkpoints")],
+    done = subprocess.run(rankrun_command(2, here / "program.py", here, "save", here / "checkpoints"),
                           cwd=here, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     plain = torch.load(here / "checkpoints" / "checkpoint-3.pt", map_location="cpu", weights_only=True)["model"]

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 from course_lib.scripts import script_source
 
 SCRIPT = "runs/09_sharding/train_fsdp.py"
@@ -97,8 +97,7 @@ ROUND_TRIP = JOIN + textwrap.dedent('''
 
 
 def _launch(folder, nproc, *args):
-    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
-                           str(nproc), *map(str, args)], cwd=folder, capture_output=True, text=True, timeout=300,
+    done = subprocess.run(rankrun_command(nproc, *args), cwd=folder, capture_output=True, text=True, timeout=300,
                           env=ENV)
     assert done.returncode == 0, f"{' '.join(map(str, args[1:]))} on {nproc} processes failed:\n{(done.stdout + done.stderr)[-6000:]}"
 

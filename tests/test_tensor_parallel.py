@@ -5,11 +5,10 @@ lesson's formula says."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from course_lib.launch import RANKRUN
+from course_lib.launch import rankrun_command
 from course_lib.scripts import script_source
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
@@ -64,8 +63,7 @@ def test_the_lessons_splits_equal_one_process_and_send_the_formulas_messages(npr
     for module in ("megatron", "plans"):
         (tmp_path / f"{module}.py").write_text(script_source(f"runs/10_tensor_parallel/{module}.py"))
     (tmp_path / "program.py").write_text(PROGRAM)
-    done = subprocess.run([sys.executable, str(RANKRUN), "--nproc",
-                           str(nproc), str(tmp_path / "program.py"), str(tmp_path / "found.json")],
+    done = subprocess.run(rankrun_command(nproc, tmp_path / "program.py", tmp_path / "found.json"),
                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
