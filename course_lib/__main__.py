@@ -105,11 +105,12 @@ def _main(argv: list[str]) -> int:
         if command == "lab":
             return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *_root_flag(), *rest])
         if command == "test":
-            from .testpasses import combine, default_workers, passes
+            from .testpasses import combine, default_workers, pass_environment, passes
 
             codes = []
             for args in passes(rest, default_workers()):  # see course_lib/testpasses.py
-                codes.append(subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests"), *args], cwd=ROOT))
+                codes.append(subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests"), *args], cwd=ROOT,
+                                             env=pass_environment(args, dict(os.environ))))
             code = combine(codes)
             if code == 5:
                 print("pytest collected no tests: that is a failure, not a pass.", file=sys.stderr)

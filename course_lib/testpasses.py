@@ -9,6 +9,10 @@ rendezvous windows, the browser, and what reads the executed lessons).
 
 Where a GPU is visible, or ``COURSE_TEST_WORKERS=1``, or the arguments choose their own workers (``-n``), the suite
 runs as one pytest run, as before.
+
+A pass whose workers share the cores runs with ``OMP_WAIT_POLICY=PASSIVE`` unless it is set already: a process whose
+PyTorch ops use 2 OpenMP threads (a kernel that trains in itself, a test's own model, a launch of one process) would
+otherwise keep a waiting thread spinning on a core the other worker needs. ``benchmarks/omp_wait.py`` measures it.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import os
 
 WORKERS_ENV = "COURSE_TEST_WORKERS"
 SERIAL = "serial"
+WAIT_POLICY = "OMP_WAIT_POLICY"
 
 
 def _marker_expression(args: list[str]) -> tuple[list[str], str | None]:
@@ -47,6 +52,30 @@ def passes(args: list[str], workers: int) -> list[list[str]]:
     both = f"({expression}) and " if expression else ""
     return [[*rest, "-n", str(workers), "--dist", "loadgroup", "-m", f"{both}not {SERIAL}"],
             [*rest, "-p", "no:xdist", "-m", f"{both}{SERIAL}"]]
+
+
+def shares_cores(args: list[str]) -> bool:
+    """Whether a pytest run with ``args`` starts more than one xdist worker (``-n N``, ``-nN``, ``--numprocesses``)."""
+    for i, arg in enumerate(args):
+        if arg in ("-n", "--numprocesses"):
+            value = args[i + 1] if i + 1 < len(args) else ""
+        elif arg.startswith("--numprocesses="):
+            value = arg.split("=", 1)[1]
+        elif arg.startswith("-n") and not arg.startswith("--"):
+            value = arg[2:]
+        else:
+            continue
+        return value not in ("", "0", "1")  # a number above 1, "auto" or "logical"
+    return False
+
+
+def pass_environment(args: list[str], environ: dict[str, str]) -> dict[str, str]:
+    """The environment of the pytest run ``args``: ``environ``, with OpenMP's waiting threads made to sleep when
+    workers share the cores (the module's docstring says why) and the caller has not chosen a policy."""
+    env = dict(environ)
+    if shares_cores(args) and WAIT_POLICY not in env:
+        env[WAIT_POLICY] = "PASSIVE"
+    return env
 
 
 def default_workers() -> int:

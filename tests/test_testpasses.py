@@ -111,3 +111,47 @@ def test_the_longest_groups_named_are_groups_of_this_suite():
     files = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")}
     lessons = {f"lesson{p.stem[:2]}" for p in (ROOT / "notebooks").glob("[0-9][0-9]*.ipynb")}
     assert set(LONGEST_FIRST) <= files | lessons | {"grading"}, set(LONGEST_FIRST) - files - lessons
+
+
+@pytest.mark.parametrize("args,shared", [(["-n", "2"], True), (["-n4"], True), (["--numprocesses=auto"], True),
+                                         (["-n", "1"], False), (["-n0"], False), (["-p", "no:xdist"], False),
+                                         (["-k", "lint"], False)])
+def test_only_a_run_with_several_workers_is_said_to_share_the_cores(args, shared):
+    assert testpasses.shares_cores(args) is shared
+
+
+def test_the_parallel_pass_makes_openmps_waiting_threads_sleep_and_the_serial_pass_does_not():
+    first, second = passes(["-q"], workers=2)
+    assert testpasses.pass_environment(first, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert testpasses.pass_environment(second, {"PATH": "/bin"}) == {"PATH": "/bin"}
+    assert testpasses.pass_environment(first, {"OMP_WAIT_POLICY": "ACTIVE"}) == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_test_command_gives_each_pass_its_environment(monkeypatch):
+    """``python -m course_lib test`` as it runs: each pytest run's command and environment, captured instead of run."""
+    import course_lib.__main__ as cli
+    import course_lib.data
+
+    calls = []
+    monkeypatch.setattr(course_lib.data, "prepare_mnist", lambda: None)
+    monkeypatch.setattr(cli.subprocess, "call", lambda argv, cwd, env: calls.append((argv, env)) or 0)
+    monkeypatch.setattr(testpasses, "default_workers", lambda: 2)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert cli.main(["test", "--no-venv", "-q"]) == 0
+    assert [("-n" in argv, env.get("OMP_WAIT_POLICY")) for argv, env in calls] == [(True, "PASSIVE"), (False, None)]
+
+
+def test_the_wait_policy_benchmark_prints_both_policies_beside_a_busy_process_and_their_ratio(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import omp_wait
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert omp_wait.main(["--rounds", "1", "--steps", "2", "--busy", "1", "--loads", "loaded"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "loaded = 1 busy process(es)" in lines[0]
+    for policy in ("default", "PASSIVE"):
+        row = next(line for line in lines if line.split()[:2] == ["loaded", policy])
+        assert float(row.split("CPU")[1].split()[0]) > 0, row
+    assert any(line.startswith("loaded default / PASSIVE, round by round") for line in lines)
+    assert not any(line.startswith("idle") for line in lines)
