@@ -149,10 +149,31 @@ def test_a_check_says_not_attempted_without_launching_while_the_placeholder_is_t
     from course_lib import launch
     from course_lib.teaching.checks.harness import NotAttempted, launch_script, run_harness
 
-    monkeypatch.setattr(launch, "torchrun", lambda *a, **k: pytest.fail("launched a script that holds the placeholder"))
+    for launcher in ("torchrun", "launch_ranks"):
+        monkeypatch.setattr(launch, launcher, lambda *a, **k: pytest.fail("launched a script that holds the placeholder"))
     script = tmp_path / "task.py"
     script.write_text("def main():\n" + "\n".join("    " + line for line in CODE_STUB.splitlines()) + "\n")
     with pytest.raises(NotAttempted, match="not attempted"):
         launch_script("t", script)
     with pytest.raises(NotAttempted, match="not attempted"):
         run_harness("t", script, "pass")
+
+
+def test_a_checks_launch_gives_each_rank_torchruns_variables_and_only_lesson_04s_gets_the_agent(tmp_path):
+    """A learner's whole script is launched as torchrun would start its ranks, without the agent that imports torch
+    first; task 04.2's script reads the restart count only torchrun's agent sets, so ``agent=True`` keeps it."""
+    from course_lib.teaching.checks.harness import launch_script, rank_outputs
+
+    script = tmp_path / "env.py"
+    script.write_text("import os\nnames = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', "
+                      "'MASTER_PORT', 'TORCHELASTIC_RESTART_COUNT')\n"
+                      "print(' '.join(f'{n}={os.environ.get(n)}' for n in names))\n")
+    for agent in (False, True):
+        outputs = rank_outputs(launch_script("t", script, nproc=3, agent=agent))
+        assert sorted(outputs) == [0, 1, 2], outputs
+        for rank, text in outputs.items():
+            seen = dict(pair.split("=", 1) for pair in text.split())
+            assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"], seen["LOCAL_WORLD_SIZE"]) == \
+                (str(rank), str(rank), "3", "3"), text
+            assert seen["MASTER_ADDR"] != "None" and seen["MASTER_PORT"].isdigit(), text
+            assert seen["TORCHELASTIC_RESTART_COUNT"] == ("0" if agent else "None"), text

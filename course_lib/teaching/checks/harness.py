@@ -99,12 +99,14 @@ def has_placeholder(path: Path) -> bool:
 
 
 def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: float = LAUNCH_TIMEOUT,
-            max_restarts: int = 0, env: dict | None = None, allow_failure: bool = False, agent: bool = True):
-    """Run ``script`` with torchrun; a missing script, a hang or a failing rank becomes a clear CheckFailed.
+            max_restarts: int = 0, env: dict | None = None, allow_failure: bool = False, agent: bool = False):
+    """Run ``script`` on ``nproc`` ranks; a missing script, a hang or a failing rank becomes a clear CheckFailed.
 
+    The ranks get the variables torchrun gives a rank of a one-node job, from ``course_lib/rankrun.py``
+    (``course_lib.launch.launch_ranks``), without torchrun's agent, which imports torch before it starts them (about
+    3 s of a core per launch). ``agent=True`` (or ``max_restarts``) launches with torchrun itself: for lesson 04's
+    checks, whose scripts read what only the agent gives (``TORCHELASTIC_RESTART_COUNT``, restarts).
     ``allow_failure``: a failing run is returned (unless it failed on the exercise's NotImplementedError).
-    ``agent=False`` starts the ranks without torchrun's agent (``course_lib.launch.launch_ranks``): for the check's
-    own harness, which needs no restarts; a learner's script is launched with torchrun, as the lessons launch it.
     """
     from course_lib.launch import LaunchTimeout, failure_message, launch_ranks, torchrun
 
@@ -140,7 +142,7 @@ def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: fl
 
 
 def rank_outputs(result) -> dict[int, str]:
-    """Each rank's whole output, as the launch read it from torchrun's per-rank log files."""
+    """Each rank's whole output: its own lines of the launch (rankrun's) or torchrun's per-rank log files."""
     return dict(result.outputs)
 
 
@@ -347,7 +349,7 @@ def run_harness(task: str, learner_script, body: str, nproc: int = 2, inputs: li
                           body=textwrap.indent(textwrap.dedent(body).strip("\n"), "    "))
     harness.write_text(text)
     try:
-        result = launch_script(task, harness, nproc=nproc, agent=False)
+        result = launch_script(task, harness, nproc=nproc)
     finally:
         server.close()
     if server.refused:

@@ -59,7 +59,7 @@ WITNESS_WAIT = 30
 WITNESS = '''\
 """Written by course_lib.teaching.checks for task 00.3: ranks 0..{last} run {learner}; rank {witness} is the check's.
 
-The check launches it (torchrun, {world} processes); it does not run on its own.
+The check launches it on {world} ranks (each with the variables torchrun gives it); it does not run on its own.
 """
 import os
 import sys

@@ -130,13 +130,13 @@ def _resume(report, script, nproc, epochs, fail_at_epoch, max_steps, data) -> No
     args = ["--epochs", str(epochs), "--max-steps", str(max_steps), "--data-dir", str(data)]
     print("First attempt, with a crash:")
     crashed = launch_script("04.2", script, nproc=nproc, script_args=args + ["--fail-at-epoch", str(fail_at_epoch)],
-                      allow_failure=True)
+                      allow_failure=True, agent=True)
     if crashed.ok or "simulated crash" not in "\n".join(rank_outputs(crashed).values()):
         report.stop("the first attempt did not end with the simulated crash",
                     "Keep the script's crash simulation (--fail-at-epoch) as given.")
     report.ok(f"the first attempt crashed at epoch {fail_at_epoch} as planned")
     print("Second attempt, the same job started again:")
-    resumed = launch_script("04.2", script, nproc=nproc, script_args=args)
+    resumed = launch_script("04.2", script, nproc=nproc, script_args=args, agent=True)
     starts = [int(e) for e in re.findall(r"attempt \d+: starting at epoch (\d+)", rank_outputs(resumed).get(0, ""))]
     start = starts[-1] if starts else None
     if start == fail_at_epoch:
