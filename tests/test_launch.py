@@ -355,3 +355,20 @@ def test_a_launchs_fingerprint_changes_with_its_script_its_modules_and_its_setti
     script.write_text("from plans import plan\nimport torch  # edited\n")
     assert launch_fingerprint("torchrun", script, nproc=2, script_args=["--epochs", 1])["script_sha256"] != \
         before["script_sha256"]
+
+
+def test_the_launchers_benchmark_prints_both_launchers_and_their_ratio(capsys):
+    """benchmarks/launchers.py: one round of torchrun and of rankrun on the same all-reduce (each launch's sums are
+    checked inside), with their CPU seconds and the ratio."""
+    benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import launchers
+    finally:
+        sys.path.remove(benchmarks)
+    assert launchers.main(["--rounds", "1", "--nproc", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for launcher in ("torchrun", "rankrun"):
+        row = next(line for line in lines if line.startswith(f"{launcher:8}:"))
+        assert float(row.split("CPU")[1].split()[0]) > 0, row
+    assert any(line.startswith("torchrun / rankrun, round by round: wall") for line in lines), lines
