@@ -249,7 +249,8 @@ def rankrun_command(nproc: int, script, *args) -> list[str]:
 
 def launch_ranks(script, nproc=2, script_args=(), env=None, timeout=None, quiet=False, check=True) -> RunResult:
     """Run ``script`` on ``nproc`` ranks started by ``course_lib/rankrun.py``: the variables torchrun gives each rank
-    and its ``[rankN]: `` lines, without the agent process that imports torch first (about 3 s of a core per launch).
+    and its ``[rankN]: `` lines, without the agent process that imports torch first (about 4 s of a core per launch:
+    benchmarks/launchers.py).
 
     For the exercise checks' own harness; a lesson's scripts are launched with ``torchrun``, as the lessons teach.
     """

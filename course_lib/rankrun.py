@@ -2,12 +2,13 @@
 
     python course_lib/rankrun.py --nproc 2 script.py [script args ...]
 
-The exercise checks' harness launches through this (``course_lib.launch.launch_ranks``): the harness is the
-check's own small script, and torchrun's agent, which imports torch before it starts the ranks, would add about
-3 s of a core to each check. Each rank gets the variables torchrun gives a rank of a one-node job (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
-...), and its lines are printed with torchrun's prefix, ``[rankN]: ``. The first rank that fails stops the others
-(SIGTERM, then SIGKILL), a summary in torchrun's own form names it, and the exit code is 1, as torchrun's is.
+The exercise checks launch through this (``course_lib.launch.launch_ranks``): their own harness, and a learner's
+whole script (all but lesson 04's). torchrun's agent, which imports torch before it starts the ranks, would add
+about 4 s of a core to each launch (benchmarks/launchers.py). Each rank gets the variables torchrun gives a rank
+of a one-node job (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT`` ...), and its lines are printed with torchrun's prefix, ``[rankN]: ``. The first
+rank that fails stops the others (SIGTERM, then SIGKILL), a summary in torchrun's own form names it, and the exit
+code is 1, as torchrun's is.
 
 No torch here, and nothing from course_lib: it runs as a plain file, in any environment that has the script's
 packages.

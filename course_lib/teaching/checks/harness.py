@@ -103,9 +103,10 @@ def launch_script(task: str, script, nproc: int = 2, script_args=(), timeout: fl
     """Run ``script`` on ``nproc`` ranks; a missing script, a hang or a failing rank becomes a clear CheckFailed.
 
     The ranks get the variables torchrun gives a rank of a one-node job, from ``course_lib/rankrun.py``
-    (``course_lib.launch.launch_ranks``), without torchrun's agent, which imports torch before it starts them (about
-    3 s of a core per launch). ``agent=True`` (or ``max_restarts``) launches with torchrun itself: for lesson 04's
-    checks, whose scripts read what only the agent gives (``TORCHELASTIC_RESTART_COUNT``, restarts).
+    (``course_lib.launch.launch_ranks``), without torchrun's agent, which imports torch before it starts them
+    (about 4 s of a core per launch: benchmarks/launchers.py). ``agent=True`` (or ``max_restarts``) launches with
+    torchrun itself: for lesson 04's checks, whose scripts read what only the agent gives
+    (``TORCHELASTIC_RESTART_COUNT``, restarts).
     ``allow_failure``: a failing run is returned (unless it failed on the exercise's NotImplementedError).
     """
     from course_lib.launch import LaunchTimeout, failure_message, launch_ranks, torchrun
